@@ -1,0 +1,32 @@
+# octavo: `make serve` and `make test` are the two commands; both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PACKAGES := . platforms/cpu platforms/cuda platforms/rocm platforms/tpu plugins/octavo-example-platform
+MODEL ?=
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install test serve clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml requirements-test.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch is pinned to the CPU wheel; install it first so nothing pulls a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements-test.txt
+	$(PIP) install -q --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
+	touch $(STAMP)
+
+test: install
+	$(PY) ci/run_leg.py all
+
+serve: install
+	$(VENV)/bin/octavo serve $(MODEL) --host $(HOST) --port $(PORT)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,38 @@
+"""The ``octavo`` command line: ``octavo env`` (and later ``serve``, ``bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from octavo.errors import PlatformError
+
+
+def _env(args: argparse.Namespace) -> int:
+    from octavo.platform.env_report import render_env_report
+
+    print(render_env_report(device=args.device))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="octavo", description="LLM inference and serving engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    env = commands.add_parser("env", help="print discovered plugins, what they detected, and the platform chosen")
+    env.add_argument("--device", default=None, help="platform to force, as at serve time")
+    env.set_defaults(run=_env)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (PlatformError, ValueError) as exc:
+        print(f"octavo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

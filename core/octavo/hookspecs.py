@@ -1,0 +1,196 @@
+"""The octavo plugin contract: every hook a platform or extension plugin may implement.
+
+Conventions (as in pytest's hookspec module): every hook is named ``octavo_*``, has a typed
+signature and an empty body. Implementations may accept a subset of the arguments, so adding an
+argument never breaks a plugin. ``platform`` is always the chosen platform's
+:class:`~octavo.platform.types.PlatformInfo`: an implementation that does not serve that platform
+returns ``None`` ("not me").
+
+Hooks are called at start-up only, by :class:`octavo.platform.Platform`, which keeps the plain
+callables they return; the per-step hot path never calls ``pm.hook``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from octavo.platform.types import (
+        AttentionBackend,
+        AttentionSpec,
+        BitmaskFn,
+        Capabilities,
+        Communicator,
+        MemoryInfo,
+        PlatformInfo,
+        RejectionSamplerFn,
+        RMSNormFn,
+        SamplerFn,
+        ScaledMMFn,
+    )
+
+PROJECT_NAME = "octavo"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# --- detection and set-up ------------------------------------------------------------------
+
+
+@hookspec
+def octavo_platform_detect() -> Optional["PlatformInfo"]:
+    """Say whether this plugin's hardware is present.
+
+    :return: a :class:`PlatformInfo` (available or not, with the reason), or None for a plugin
+        that is not a platform.
+
+    Collects every result. Called once per process by platform selection, before any other
+    hook. Must not initialise a device runtime (no CUDA context, no TPU client): read
+    ``torch.version``, environment variables, device files.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_platform_capabilities(platform: "PlatformInfo") -> Optional["Capabilities"]:
+    """Return the chosen platform's :class:`Capabilities` (dtypes, block sizes, fp8, ...).
+
+    Stops at the first non-None result. Called once at start-up.
+    """
+
+
+@hookspec
+def octavo_configure(platform: "PlatformInfo", config: Any) -> Optional[dict[str, Any]]:
+    """Check and adjust the engine configuration for this platform.
+
+    :param config: the engine configuration (a frozen dataclass).
+    :return: a mapping of field overrides, or None for no change. Raise
+        :class:`octavo.errors.ConfigError` with the reason when the configuration cannot work.
+
+    Collects every result; later plugins see the original config. Called once at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_device_init(platform: "PlatformInfo", local_rank: int) -> Optional["torch.device"]:
+    """Initialise the device runtime for ``local_rank`` and return the ``torch.device`` to use.
+
+    Stops at the first non-None result. Called once per worker process.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_memory_info(platform: "PlatformInfo", device: "torch.device") -> Optional["MemoryInfo"]:
+    """Return total/free/used memory of ``device`` in bytes, for KV-cache sizing.
+
+    Stops at the first non-None result. Called at start-up, after the profile run.
+    """
+
+
+# --- kernels ----------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def octavo_attention_backend(
+    platform: "PlatformInfo", spec: "AttentionSpec"
+) -> Optional["AttentionBackend"]:
+    """Return the paged-attention backend for a model's attention shape.
+
+    The backend owns the KV cache layout and writes new K/V through ``slot_mapping`` and reads
+    context through ``block_table`` for a flat batch mixing prefill chunks and decodes.
+
+    Stops at the first non-None result (kernel packs use ``tryfirst`` to win). Called once per
+    model at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_rms_norm(
+    platform: "PlatformInfo", hidden_size: int, eps: float, dtype: "torch.dtype"
+) -> Optional["RMSNormFn"]:
+    """Return ``fn(x, weight, residual=None)`` computing RMSNorm with optional fused residual add.
+
+    Without ``residual`` it returns ``rms_norm(x) * weight``; with it, the pair
+    ``(rms_norm(x + residual) * weight, x + residual)``.
+
+    Stops at the first non-None result. Called once per distinct norm shape at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_sampler(platform: "PlatformInfo", vocab_size: int) -> Optional["SamplerFn"]:
+    """Return ``fn(logits, sampling_metadata) -> token_ids``: batched greedy, temperature,
+    top-k, top-p and min-p sampling with per-request seeded generators.
+
+    Stops at the first non-None result. Called once at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_rejection_sampler(platform: "PlatformInfo") -> Optional["RejectionSamplerFn"]:
+    """Return the speculative-decoding verifier (lossless rejection sampling of draft tokens).
+
+    Stops at the first non-None result. Called once at start-up when speculation is on.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_apply_token_bitmask(platform: "PlatformInfo") -> Optional["BitmaskFn"]:
+    """Return ``fn(logits, bitmask, indices=None)`` that masks disallowed tokens in place.
+
+    Stops at the first non-None result. Called once at start-up when structured output is used.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_scaled_mm(platform: "PlatformInfo") -> Optional["ScaledMMFn"]:
+    """Return the FP8 scaled matmul ``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``.
+
+    Stops at the first non-None result. Called once at start-up when FP8 quantisation is on.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_communicator(platform: "PlatformInfo", group: Any) -> Optional["Communicator"]:
+    """Return collective operations (all-reduce, all-gather, send, recv) for a process group.
+
+    Stops at the first non-None result. Called once per group at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_graph_runner(platform: "PlatformInfo", model: Any, config: Any) -> Optional[Any]:
+    """Return a compiled or captured forward for ``model``, or None to run eagerly.
+
+    Stops at the first non-None result. Called once after the model is loaded.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_model_runner(platform: "PlatformInfo", config: Any) -> Optional[Any]:
+    """Return a model runner of the platform's own (e.g. a JAX runner on TPU).
+
+    None means the core's torch model runner. Stops at the first non-None result. Called once.
+    """
+
+
+# --- extension points ------------------------------------------------------------------------
+
+
+@hookspec
+def octavo_model_architectures() -> Optional[dict[str, type]]:
+    """Return ``{"LlamaForCausalLM": cls, ...}``: model classes by HuggingFace architecture name.
+
+    Collects every result; a name offered twice is an error. Called once at model load.
+    """
+
+
+@hookspec
+def octavo_kv_connectors() -> Optional[dict[str, type]]:
+    """Return ``{"name": cls}``: KV connectors for disaggregated prefill/decode.
+
+    Collects every result. Called once at start-up when a connector is configured.
+    """

@@ -1,0 +1,1 @@
+"""Model architectures of the core."""

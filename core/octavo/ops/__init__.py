@@ -1,0 +1,1 @@
+"""Kernel references shared by every platform."""

@@ -1,0 +1,203 @@
+"""Reference kernels: pure torch, written to be read, the oracle every platform is tested against.
+
+Nothing here is fast. Each function states the exact semantics a platform's kernel must match;
+``octavo.testing.conformance`` compares platforms with these.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from octavo.platform.types import AttentionMetadata, SamplingMetadata
+
+
+# --- paged attention -------------------------------------------------------------------------
+
+
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store new K/V at their slots. Layout ``[2, num_blocks, block_size, kv_heads, head_dim]``;
+    a slot of -1 is padding and is skipped."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat[0, slots] = key[: slot_mapping.shape[0]][valid].to(kv_cache.dtype)
+    flat[1, slots] = value[: slot_mapping.shape[0]][valid].to(kv_cache.dtype)
+
+
+def gather_context(kv_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int):
+    """K and V of one request's first ``seq_len`` tokens, read through its block ids."""
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    num_blocks = -(-seq_len // block_size)
+    blocks = block_ids[:num_blocks].long()
+    k = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    v = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    return k, v
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: Optional[int] = None,
+) -> torch.Tensor:
+    """Attention for a flat batch mixing prefill chunks and decodes, over a paged KV cache.
+
+    First writes the new tokens' K/V through ``slot_mapping``; then each new token of request
+    ``r`` (at position ``p``) attends to the request's context positions ``0..p`` read through
+    ``block_table[r]`` (and only to the last ``sliding_window`` of them when set). GQA: query
+    head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``. Computed in float32, returned
+    in ``query.dtype``; rows of padding tokens (beyond the last request) are zero.
+    """
+    write_kv(key, value, kv_cache, metadata.slot_mapping)
+    num_heads = query.shape[1]
+    out = torch.zeros_like(query)
+    qsl = metadata.query_start_loc.tolist()
+    seq_lens = metadata.seq_lens.tolist()
+    for r, seq_len in enumerate(seq_lens):
+        start, end = qsl[r], qsl[r + 1]
+        query_len = end - start
+        if query_len == 0:
+            continue
+        k, v = gather_context(kv_cache, metadata.block_table[r], seq_len)
+        group = num_heads // k.shape[1]
+        k = k.repeat_interleave(group, dim=1).float()
+        v = v.repeat_interleave(group, dim=1).float()
+        q = query[start:end].float()
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        q_pos = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
+        k_pos = torch.arange(seq_len).unsqueeze(0)
+        masked = k_pos > q_pos
+        if sliding_window is not None:
+            masked |= k_pos <= q_pos - sliding_window
+        scores = scores.masked_fill(masked, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out
+
+
+# --- RMSNorm ---------------------------------------------------------------------------------
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: Optional[torch.Tensor] = None,
+):
+    """``rms_norm(x) * weight`` as HuggingFace Llama computes it (statistics in float32, the
+    product with ``weight`` in the input dtype). With ``residual``: the residual is added first,
+    in the input dtype, and the pair ``(normed, x + residual)`` is returned."""
+    if residual is not None:
+        x = x + residual
+        new_residual = x
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(x.dtype)
+    return (out, new_residual) if residual is not None else out
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Mask (to -inf) what top-k, then top-p, then min-p exclude, per row. Returns a new tensor.
+
+    top-k keeps the ``k`` largest logits (ties at the k-th value are kept); top-p keeps the
+    smallest set of most-likely tokens whose probability reaches ``p`` (always at least one);
+    min-p keeps tokens whose probability is at least ``min_p`` times the row's largest.
+    """
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    k = metadata.top_k.long()
+    k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k)
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop_sorted = mass_before >= metadata.top_p.unsqueeze(1)
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    logits = logits.masked_fill(drop, float("-inf"))
+
+    probs = logits.softmax(dim=-1)
+    threshold = metadata.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def exponential_noise(shape, metadata: SamplingMetadata, device=None) -> torch.Tensor:
+    """Exp(1) noise per row; rows with a seeded generator draw from it alone, so a seeded
+    request samples the same tokens whatever else is in the batch."""
+    q = torch.empty(shape, dtype=torch.float32, device=device).exponential_()
+    for row, generator in metadata.generators.items():
+        q[row].exponential_(generator=generator)
+    return q
+
+
+def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Sample one token id per row of ``logits [R, V]``.
+
+    Temperature 0 is greedy (argmax, lowest index on ties). Otherwise: divide by temperature,
+    apply top-k/top-p/min-p, and draw from the softmax by the exponential race
+    ``argmax(probs / q)``, ``q ~ Exp(1)`` (from the row's generator when it has one).
+    """
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if metadata.all_greedy:
+        return greedy
+    temperature = metadata.temperature.float()
+    safe_temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    scaled = apply_top_k_top_p_min_p(logits / safe_temperature.unsqueeze(1), metadata)
+    probs = scaled.softmax(dim=-1)
+    q = exponential_noise(probs.shape, metadata, probs.device)
+    sampled = (probs / q).argmax(dim=-1)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+# --- structured output -----------------------------------------------------------------------
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[R, ceil(V/32)] int32`` -> ``[R, V] bool``; bit ``i`` of word ``j`` is token ``32j+i``."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: Optional[torch.Tensor] = None
+) -> None:
+    """In place: logits of disallowed tokens (bit 0) become -inf. ``indices[i]`` is the logits
+    row that bitmask row ``i`` applies to (default: row ``i``)."""
+    allowed = unpack_bitmask(bitmask, logits.shape[-1])
+    rows = torch.arange(bitmask.shape[0]) if indices is None else indices.long()
+    logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
+
+
+# --- FP8 -------------------------------------------------------------------------------------
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``(a @ b) * scale_a * scale_b (+ bias)`` in float32, cast to ``out_dtype``. ``a [M, K]``,
+    ``b [K, N]``; ``scale_a`` is ``[1]`` or ``[M, 1]``, ``scale_b`` is ``[1]`` or ``[1, N]``."""
+    out = (a.float() @ b.float()) * scale_a.float() * scale_b.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)

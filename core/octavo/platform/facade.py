@@ -1,0 +1,136 @@
+"""The chosen platform with its hooks resolved into plain callables.
+
+Every ``pm.hook`` call happens here, at start-up; what the model and runner keep are the
+returned kernels, so the per-step path never goes through pluggy.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import pluggy
+import torch
+
+from octavo.errors import KernelNotAvailableError, PlatformError
+from octavo.platform.manager import create_plugin_manager
+from octavo.platform.selection import (
+    Selection,
+    choose_platform,
+    detect_platforms,
+    unregister_losers,
+)
+from octavo.platform.types import (
+    AttentionBackend,
+    AttentionSpec,
+    BitmaskFn,
+    Capabilities,
+    MemoryInfo,
+    PlatformInfo,
+    RMSNormFn,
+    SamplerFn,
+    ScaledMMFn,
+)
+
+
+class Platform:
+    """One selected platform: its info, capabilities and resolved kernels."""
+
+    def __init__(self, pm: pluggy.PluginManager, selection: Selection):
+        self.pm = pm
+        self.selection = selection
+        self.info: PlatformInfo = selection.chosen.info
+        caps = pm.hook.octavo_platform_capabilities(platform=self.info)
+        if caps is None:
+            raise PlatformError(f"platform {self.name!r} reported no capabilities")
+        self.capabilities: Capabilities = caps
+
+    @classmethod
+    def select(
+        cls, device: Optional[str] = None, pm: Optional[pluggy.PluginManager] = None
+    ) -> "Platform":
+        """Detect, choose (``device`` or ``$OCTAVO_PLATFORM`` wins), drop the losers, resolve."""
+        pm = pm if pm is not None else create_plugin_manager()
+        selection = choose_platform(detect_platforms(pm), device)
+        unregister_losers(pm, selection)
+        return cls(pm, selection)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def __repr__(self) -> str:
+        return f"Platform({self.name!r}, device_type={self.info.device_type!r})"
+
+    def _require(self, hook_name: str, result: Any, what: str) -> Any:
+        if result is None:
+            raise KernelNotAvailableError(
+                f"platform {self.name!r} provides no {what} (hook {hook_name}); "
+                f"choose another platform with --device, or install a plugin that provides it"
+            )
+        return result
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def device_init(self, local_rank: int = 0) -> torch.device:
+        """Initialise the device runtime and return the device this process computes on."""
+        result = self.pm.hook.octavo_device_init(platform=self.info, local_rank=local_rank)
+        return self._require("octavo_device_init", result, "device")
+
+    def memory_info(self, device: torch.device) -> MemoryInfo:
+        result = self.pm.hook.octavo_memory_info(platform=self.info, device=device)
+        return self._require("octavo_memory_info", result, "memory info")
+
+    def configure(self, config: Any) -> dict[str, Any]:
+        """Merged config overrides from every plugin (a plugin may raise ConfigError)."""
+        overrides: dict[str, Any] = {}
+        for result in self.pm.hook.octavo_configure(platform=self.info, config=config):
+            overrides.update(result or {})
+        return overrides
+
+    # --- kernels (cached: a second request for the same shape returns the same callable) ---
+
+    @functools.lru_cache(maxsize=None)
+    def attention_backend(self, spec: AttentionSpec) -> AttentionBackend:
+        result = self.pm.hook.octavo_attention_backend(platform=self.info, spec=spec)
+        return self._require("octavo_attention_backend", result, "attention backend")
+
+    @functools.lru_cache(maxsize=None)
+    def rms_norm(self, hidden_size: int, eps: float, dtype: torch.dtype) -> RMSNormFn:
+        result = self.pm.hook.octavo_rms_norm(
+            platform=self.info, hidden_size=hidden_size, eps=eps, dtype=dtype
+        )
+        return self._require("octavo_rms_norm", result, "RMSNorm kernel")
+
+    @functools.lru_cache(maxsize=None)
+    def sampler(self, vocab_size: int) -> SamplerFn:
+        result = self.pm.hook.octavo_sampler(platform=self.info, vocab_size=vocab_size)
+        return self._require("octavo_sampler", result, "sampler")
+
+    @functools.lru_cache(maxsize=None)
+    def apply_token_bitmask(self) -> BitmaskFn:
+        result = self.pm.hook.octavo_apply_token_bitmask(platform=self.info)
+        return self._require("octavo_apply_token_bitmask", result, "token-bitmask kernel")
+
+    @functools.lru_cache(maxsize=None)
+    def rejection_sampler(self) -> Any:
+        result = self.pm.hook.octavo_rejection_sampler(platform=self.info)
+        return self._require("octavo_rejection_sampler", result, "rejection sampler")
+
+    @functools.lru_cache(maxsize=None)
+    def scaled_mm(self) -> ScaledMMFn:
+        result = self.pm.hook.octavo_scaled_mm(platform=self.info)
+        return self._require("octavo_scaled_mm", result, "FP8 scaled matmul")
+
+    def model_architectures(self) -> dict[str, type]:
+        """Architecture name -> model class from every plugin; a name offered twice is an error."""
+        merged: dict[str, type] = {}
+        for result in self.pm.hook.octavo_model_architectures():
+            for arch, model_cls in (result or {}).items():
+                if arch in merged and merged[arch] is not model_cls:
+                    raise PlatformError(
+                        f"architecture {arch!r} is provided by two plugins "
+                        f"({merged[arch].__module__} and {model_cls.__module__}); uninstall one"
+                    )
+                merged[arch] = model_cls
+        return merged

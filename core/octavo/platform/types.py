@@ -1,0 +1,185 @@
+"""The values that cross the plugin contract: what platforms report and what kernels take."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformInfo:
+    """What one platform plugin found when asked to detect its hardware.
+
+    ``priority`` orders available platforms (highest wins); ``reason`` says why the platform is or
+    is not available, in words a user can act on.
+    """
+
+    name: str
+    device_type: str
+    available: bool
+    priority: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a platform's kernels support."""
+
+    dtypes: tuple[torch.dtype, ...]
+    block_sizes: tuple[int, ...]
+    supports_fp8: bool = False
+    supports_graphs: bool = False
+    dist_backend: str = "gloo"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryInfo:
+    """Device memory in bytes, as the platform reports it for KV-cache sizing."""
+
+    total: int
+    free: int
+    used: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """The shape of one model's attention, given to ``octavo_attention_backend``."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int
+    scale: float
+    sliding_window: Optional[int] = None
+
+
+@dataclasses.dataclass
+class AttentionMetadata:
+    """One step's flat mixed batch, as the attention kernel sees it.
+
+    The batch holds ``R`` requests and ``T`` new tokens. Request ``r`` owns the new tokens
+    ``query_start_loc[r]:query_start_loc[r+1]``; its context after this step is ``seq_lens[r]``
+    tokens, so its new tokens sit at positions ``seq_lens[r] - query_len .. seq_lens[r] - 1`` and
+    attend causally to everything up to their own position. ``block_table[r, i]`` is the physical
+    block holding the request's logical block ``i``; ``slot_mapping[t]`` is the physical slot
+    (``block * block_size + offset``) where new token ``t``'s K/V is written, or -1 to skip.
+    Host copies of the small scalars let kernels size launches without a device sync.
+    """
+
+    query_start_loc: torch.Tensor  # [R + 1] int32
+    seq_lens: torch.Tensor  # [R] int32
+    block_table: torch.Tensor  # [R, max_blocks_per_seq] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    max_query_len: int
+    max_seq_len: int
+    num_actual_tokens: int = -1  # T without padding; -1 means all of query
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+class AttentionBackend:
+    """A platform's paged attention: it owns the KV cache layout and the kernel.
+
+    The core allocates one KV cache tensor per layer with ``kv_cache_shape`` and only ever
+    touches it through this object (forward, block copies for copy-on-write, swap to host).
+    The default layout is ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (K then V); a
+    backend that wants another layout overrides ``kv_cache_shape`` and ``block_dim``.
+    """
+
+    name: str = "base"
+    block_dim: int = 1
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        s = self.spec
+        return (2, num_blocks, s.block_size, s.num_kv_heads, s.head_dim)
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, num_heads, head_dim]
+        key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Write the new K/V through ``slot_mapping``, then attend through ``block_table``."""
+        raise NotImplementedError
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole blocks ``src[i] -> dst[i]`` inside one layer's cache (copy-on-write)."""
+        index = [slice(None)] * kv_cache.dim()
+        src_index, dst_index = list(index), list(index)
+        src_index[self.block_dim], dst_index[self.block_dim] = src, dst
+        kv_cache[tuple(dst_index)] = kv_cache[tuple(src_index)]
+
+    def swap_blocks(
+        self, src_cache: torch.Tensor, dst_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
+    ) -> None:
+        """Copy blocks between two caches of this layout (device <-> host swap)."""
+        index = [slice(None)] * src_cache.dim()
+        src_index, dst_index = list(index), list(index)
+        src_index[self.block_dim] = src.to(src_cache.device)
+        dst_index[self.block_dim] = dst.to(dst_cache.device)
+        dst_cache[tuple(dst_index)] = src_cache[tuple(src_index)].to(dst_cache.device)
+
+
+@dataclasses.dataclass
+class SamplingMetadata:
+    """Per-row sampling parameters for one step's logits ``[R, V]``, as tensors.
+
+    ``temperature`` 0 means greedy for that row; ``top_k`` 0 means no top-k; ``top_p`` 1.0 and
+    ``min_p`` 0.0 mean off. ``generators`` maps a row index to its request's seeded
+    ``torch.Generator``; rows without one draw from the global generator. ``all_greedy`` and
+    ``all_random`` let kernels skip work without inspecting tensors on the host.
+    """
+
+    temperature: torch.Tensor  # [R] float32
+    top_k: torch.Tensor  # [R] int32
+    top_p: torch.Tensor  # [R] float32
+    min_p: torch.Tensor  # [R] float32
+    generators: dict[int, torch.Generator] = dataclasses.field(default_factory=dict)
+    all_greedy: bool = False
+    all_random: bool = False
+    no_top_k: bool = True
+    no_top_p: bool = True
+    no_min_p: bool = True
+
+
+# Kernel callables a platform returns. Plain callables: the hot path never goes through pluggy.
+RMSNormFn = Callable[..., Any]
+"""``fn(x, weight, residual=None)``: ``rms_norm(x) * weight``, or with ``residual``:
+``(rms_norm(x + residual) * weight, x + residual)``."""
+
+SamplerFn = Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]
+"""``fn(logits [R, V] float32, metadata) -> token ids [R] int64``."""
+
+BitmaskFn = Callable[..., None]
+"""``fn(logits [R, V], bitmask [R, ceil(V/32)] int32, indices=None)``: in place, logits whose
+bit is 0 become ``-inf``; ``indices`` selects the logits rows the bitmask rows apply to."""
+
+ScaledMMFn = Callable[..., torch.Tensor]
+"""``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``: ``(a @ b) * scale_a * scale_b (+ bias)``
+with FP8 inputs; scales are per-tensor ``[1]``, per-token ``[M, 1]`` or per-channel ``[1, N]``."""
+
+RejectionSamplerFn = Callable[..., torch.Tensor]
+"""Speculative-decoding verifier; its signature is fixed by the speculative-decoding issue."""
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """Collective operations for one process group."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor: ...
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None: ...
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor: ...

@@ -1,0 +1,1 @@
+"""octavo's cpu platform: torch-native kernels, the default on machines without accelerators."""

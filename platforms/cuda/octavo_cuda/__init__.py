@@ -1,0 +1,1 @@
+"""octavo's cuda platform plugin."""

@@ -1,0 +1,1 @@
+"""octavo's rocm platform plugin."""

@@ -1,0 +1,1 @@
+"""octavo's tpu platform plugin."""
