@@ -1,0 +1,1 @@
+"""Test support shipped with octavo: the platform conformance suite and its pytest plugin."""

@@ -1,0 +1,1 @@
+"""The platform conformance suite: ``pytest --pyargs octavo.testing.conformance --octavo-platform NAME``."""
