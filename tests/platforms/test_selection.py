@@ -1,0 +1,125 @@
+"""Platform selection: entry-point discovery, the override, priorities, ties, unregistering losers."""
+
+from __future__ import annotations
+
+import types
+
+import pluggy
+import pytest
+
+import octavo
+from octavo.errors import PlatformError
+from octavo.platform import PLATFORM_ENV, Platform, PlatformInfo, create_plugin_manager
+from octavo.platform.manager import plugin_records
+from octavo.platform.selection import choose_platform, detect_platforms
+
+
+@pytest.fixture(autouse=True)
+def _no_env_override(monkeypatch):
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    monkeypatch.delenv("OCTAVO_EXAMPLE_NPU", raising=False)
+
+
+def fake_platform(name: str, priority: int, available: bool = True) -> types.SimpleNamespace:
+    """An in-process platform plugin that only detects."""
+
+    @octavo.hookimpl
+    def octavo_platform_detect():
+        return PlatformInfo(name, "cpu", available, priority, f"fake {name}")
+
+    return types.SimpleNamespace(octavo_platform_detect=octavo_platform_detect)
+
+
+def test_builtin_and_example_platforms_are_found_through_entry_points():
+    pm = create_plugin_manager()
+    records = plugin_records(pm)
+    names = {d.info.name for d in detect_platforms(pm)}
+    assert {"cpu", "cuda", "rocm", "tpu", "example"} <= names
+    # The example plugin is installed as a distribution of its own, as a vendor's would be.
+    assert records["example"].dist_name == "octavo-example-platform"
+    assert records["cpu"].dist_name == "octavo-cpu"
+
+
+def test_cpu_is_chosen_by_default_on_a_machine_without_accelerators():
+    platform = Platform.select()
+    assert platform.name == "cpu"
+    assert platform.device_init().type == "cpu"
+
+
+def test_example_is_selected_with_device_flag_when_present(monkeypatch):
+    monkeypatch.setenv("OCTAVO_EXAMPLE_NPU", "1")
+    platform = Platform.select(device="example")
+    assert platform.name == "example"
+    assert platform.device_init().type == "cpu"  # the example NPU is emulated on the host
+    assert platform.capabilities.block_sizes == (1, 16, 32, 128)
+
+
+def test_environment_variable_forces_a_platform(monkeypatch):
+    monkeypatch.setenv("OCTAVO_EXAMPLE_NPU", "1")
+    monkeypatch.setenv(PLATFORM_ENV, "cpu")
+    selection = choose_platform(detect_platforms(create_plugin_manager()))
+    assert selection.chosen.info.name == "cpu"
+    assert PLATFORM_ENV in selection.why
+
+
+def test_present_vendor_platform_outranks_cpu(monkeypatch):
+    monkeypatch.setenv("OCTAVO_EXAMPLE_NPU", "1")
+    assert Platform.select().name == "example"
+
+
+@pytest.mark.parametrize("name", ["example", "cuda", "rocm", "tpu"])
+def test_forcing_an_unavailable_platform_fails_with_its_reason(name):
+    pm = create_plugin_manager()
+    reason = next(d.info.reason for d in detect_platforms(pm) if d.info.name == name)
+    with pytest.raises(PlatformError, match="not available") as excinfo:
+        Platform.select(device=name, pm=pm)
+    assert reason in str(excinfo.value)
+
+
+def test_forcing_an_unknown_platform_lists_the_installed_ones():
+    with pytest.raises(PlatformError, match="no installed plugin provides it.*cpu"):
+        Platform.select(device="quantum")
+
+
+def test_a_tie_is_an_error_naming_both():
+    pm = create_plugin_manager(plugins=[("alpha", fake_platform("alpha", 50)), ("beta", fake_platform("beta", 50))])
+    with pytest.raises(PlatformError, match="'alpha' and 'beta'|'beta' and 'alpha'"):
+        Platform.select(pm=pm)
+
+
+def test_a_broken_detection_is_reported_not_fatal():
+    @octavo.hookimpl
+    def octavo_platform_detect():
+        raise RuntimeError("driver exploded")
+
+    pm = create_plugin_manager(plugins=[("broken", types.SimpleNamespace(octavo_platform_detect=octavo_platform_detect))])
+    broken = next(d for d in detect_platforms(pm) if d.plugin_name == "broken")
+    assert not broken.info.available and "driver exploded" in broken.info.reason
+    assert Platform.select(pm=pm).name == "cpu"
+
+
+def test_losing_platform_plugins_are_unregistered_before_kernel_hooks(monkeypatch):
+    monkeypatch.setenv("OCTAVO_EXAMPLE_NPU", "1")
+    platform = Platform.select(device="cpu")
+    remaining = {name for name, _ in platform.pm.list_name_plugin()}
+    assert "cpu" in remaining
+    assert not {"example", "cuda", "rocm", "tpu"} & remaining
+    assert "octavo-models" in remaining  # non-platform plugins stay
+
+
+def test_a_misspelled_hookimpl_is_rejected():
+    @octavo.hookimpl
+    def octavo_rms_nrom(platform, hidden_size, eps, dtype):
+        return None
+
+    with pytest.raises(pluggy.PluginValidationError, match="octavo_rms_nrom"):
+        create_plugin_manager(plugins=[("typo", types.SimpleNamespace(octavo_rms_nrom=octavo_rms_nrom))])
+
+
+def test_an_implementation_with_an_unknown_argument_is_rejected():
+    @octavo.hookimpl
+    def octavo_sampler(platform, vocab_size, temperature):
+        return None
+
+    with pytest.raises(pluggy.PluginValidationError, match="temperature"):
+        create_plugin_manager(plugins=[("bad", types.SimpleNamespace(octavo_sampler=octavo_sampler))])
