@@ -1,0 +1,165 @@
+"""Engine configuration: vLLM-compatible arguments, grouped into frozen configs.
+
+``EngineArgs`` is what users pass (``LLM(model, **kwargs)`` or ``octavo serve`` flags, same names
+as vLLM's); ``EngineArgs.validate()`` checks what can be checked before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Optional
+
+from octavo.errors import ConfigError
+
+PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+HASH_ALGOS = ("sha256", "fast")
+GiB = 1 << 30
+
+
+def parse_memory_size(text: str | int | None) -> Optional[int]:
+    """``"4GiB"``, ``"512MiB"``, ``"2G"`` or a byte count -> bytes (None stays None)."""
+    if text is None or isinstance(text, int):
+        return text
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    s = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        if s and s[-1] in units:
+            return int(float(s[:-1]) * units[s[-1]])
+        return int(s)
+    except ValueError:
+        raise ConfigError(f"cannot read memory size {text!r}; write e.g. 4GiB, 512MiB or a byte count") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: block size, memory budget, prefix caching, swap space."""
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.90
+    kv_cache_memory: Optional[int] = None  # bytes; wins over gpu_memory_utilization
+    swap_space: float = 4.0  # GiB of host memory for swapped-out blocks
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step limits and policies of the scheduler."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"
+    max_model_len: Optional[int] = None  # None: the model's own context length
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineArgs:
+    """Everything that configures an engine, with vLLM's names and defaults."""
+
+    model: Optional[str] = None
+    tokenizer: Optional[str] = None
+    served_model_name: Optional[str] = None
+    dtype: str = "auto"
+    device: Optional[str] = None
+    seed: int = 0
+    max_model_len: Optional[int] = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.90
+    kv_cache_memory: Optional[int] = None
+    swap_space: float = 4.0
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"
+    tensor_parallel_size: int = 1
+    quantization: Optional[str] = None
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError for any value that cannot work, saying what to change."""
+        choices = {
+            "dtype": DTYPES,
+            "preemption_mode": PREEMPTION_MODES,
+            "scheduling_policy": SCHEDULING_POLICIES,
+            "prefix_caching_hash_algo": HASH_ALGOS,
+        }
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ConfigError(f"{field} must be one of {', '.join(allowed)}; got {getattr(self, field)!r}")
+        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size")
+        for field in positive:
+            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
+                raise ConfigError(f"{field} must be a positive integer; got {getattr(self, field)!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1]; got {self.gpu_memory_utilization!r}")
+        if self.swap_space < 0:
+            raise ConfigError(f"swap_space must be >= 0 GiB; got {self.swap_space!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1; got {self.max_model_len!r}")
+
+    @property
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory=self.kv_cache_memory,
+            swap_space=self.swap_space,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+        )
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's limits once the model's context length is known."""
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            preemption_mode=self.preemption_mode,
+            scheduling_policy=self.scheduling_policy,
+            max_model_len=max_model_len,
+        )
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add vLLM-compatible flags (``--max-num-seqs``, ``--block-size``, ...) to a parser."""
+        group = parser.add_argument_group("engine")
+        group.add_argument("--tokenizer", default=None)
+        group.add_argument("--served-model-name", default=None)
+        group.add_argument("--dtype", default="auto", choices=DTYPES)
+        group.add_argument("--device", default=None, help="platform to use (default: detected)")
+        group.add_argument("--seed", type=int, default=0)
+        group.add_argument("--max-model-len", type=int, default=None)
+        group.add_argument("--block-size", type=int, default=16)
+        group.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+        group.add_argument("--kv-cache-memory", default=None, help="KV cache size, e.g. 4GiB (wins over --gpu-memory-utilization)")
+        group.add_argument("--swap-space", type=float, default=4.0, help="GiB of host memory for swapped-out KV blocks")
+        group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        group.add_argument("--prefix-caching-hash-algo", default="sha256", choices=HASH_ALGOS)
+        group.add_argument("--max-num-seqs", type=int, default=256)
+        group.add_argument("--max-num-batched-tokens", type=int, default=2048)
+        group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+        group.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
+        group.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
+        group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+        group.add_argument("--quantization", "-q", default=None, choices=[None, "fp8"])
+        group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, **overrides: Any) -> "EngineArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in vars(args).items() if k in names}
+        values.update(overrides)
+        return cls(**values)
