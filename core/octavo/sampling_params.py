@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+import enum
+import math
+from typing import Any, Optional, Union
 
 MAX_N = 128
 MAX_LOGPROBS = 20
 
 
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a request carries.
+
+    CUMULATIVE: everything so far, every step. DELTA: only what is new since the previous output
+    (streaming). FINAL_ONLY: a single output when the request finishes.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 def _require(ok: bool, field: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{field} {message}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    """A finite int or float (bool and NaN excluded), so range checks cannot raise TypeError."""
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,39 +66,58 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
-        # Normalise list inputs so the object stays hashable-friendly and immutable.
+        # Normalise list inputs so the object stays immutable; reject shapes that cannot be.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif self.stop is not None:
+            _require(isinstance(self.stop, (list, tuple)), "stop", f"must be a string or a list of strings, got {self.stop!r}")
             object.__setattr__(self, "stop", tuple(self.stop))
+        _require(isinstance(self.stop_token_ids, (list, tuple)) or self.stop_token_ids is None, "stop_token_ids", f"must be a list of token ids, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", self._normalised_logit_bias())
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        self._validate()
+        self._validate_sampling()
+        self._validate_lengths_and_outputs()
 
-    def _validate(self) -> None:
-        _require(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
-        _require(self.temperature >= 0, "temperature", f"must be >= 0 (0 is greedy), got {self.temperature!r}")
-        _require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0 (0 or -1 disables it), got {self.top_k!r}")
-        _require(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
-        _require(-2 <= self.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
-        _require(-2 <= self.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
-        _require(self.repetition_penalty > 0, "repetition_penalty", f"must be > 0 (1 disables it), got {self.repetition_penalty!r}")
-        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1), "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
-        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
+    def _normalised_logit_bias(self) -> dict[int, float]:
+        # JSON (the OpenAI API) sends token ids as strings: accept "123" as 123.
+        _require(isinstance(self.logit_bias, dict), "logit_bias", f"must be a dict of token id -> bias, got {self.logit_bias!r}")
+        biases = {}
+        for token_id, bias in self.logit_bias.items():
+            ok = _is_int(token_id) or (isinstance(token_id, str) and token_id.isdigit())
+            _require(ok and int(token_id) >= 0, "logit_bias", f"keys must be token ids >= 0, got {token_id!r}")
+            _require(_is_real(bias) and -100 <= bias <= 100, "logit_bias", f"values must be in [-100, 100], got {bias!r} for token {token_id}")
+            biases[int(token_id)] = float(bias)
+        return biases
+
+    def _validate_sampling(self) -> None:
+        _require(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
+        _require(_is_real(self.temperature) and self.temperature >= 0, "temperature", f"must be >= 0 (0 is greedy), got {self.temperature!r}")
+        _require(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", f"must be an integer >= 0 (0 or -1 disables it), got {self.top_k!r}")
+        _require(_is_real(self.min_p) and 0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
+        _require(_is_real(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
+        _require(_is_real(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
+        _require(_is_real(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", f"must be > 0 (1 disables it), got {self.repetition_penalty!r}")
+        _require(self.seed is None or _is_int(self.seed), "seed", f"must be an integer or None, got {self.seed!r}")
+
+    def _validate_lengths_and_outputs(self) -> None:
+        _require(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens", f"must be an integer >= 1 or None, got {self.max_tokens!r}")
+        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
+        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
-            _require(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), field, f"must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
-        _require(all(isinstance(s, str) and s for s in self.stop or ()), "stop", "must be non-empty strings")
-        _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be non-negative integers")
-        for token_id, bias in (self.logit_bias or {}).items():
-            _require(-100 <= bias <= 100, "logit_bias", f"values must be in [-100, 100], got {bias!r} for token {token_id}")
-        _require(self.seed is None or isinstance(self.seed, int), "seed", f"must be an integer or None, got {self.seed!r}")
+            _require(value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS), field, f"must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+        _require(all(isinstance(s, str) and s for s in self.stop or ()), "stop", f"must be non-empty strings, got {self.stop!r}")
+        _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", f"must be integers >= 0, got {list(self.stop_token_ids)!r}")
+        _require(isinstance(self.output_kind, RequestOutputKind), "output_kind", f"must be one of {[k.name for k in RequestOutputKind]}, got {self.output_kind!r}")
 
     @property
     def greedy(self) -> bool:
+        """True when sampling is greedy (temperature 0)."""
         return self.temperature == 0.0
