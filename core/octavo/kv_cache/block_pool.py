@@ -1,0 +1,172 @@
+"""Physical KV blocks: refcounts, the LRU free queue, and the block-hash -> block map."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator, Optional
+
+from octavo.kv_cache.hashing import BlockHash
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class KVCacheBlock:
+    """One physical block. ``prev_free``/``next_free`` link it into the free queue (None when not
+    in it); ``block_hash`` is set while the block is published in the prefix cache."""
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: Optional[BlockHash] = None
+    prev_free: Optional["KVCacheBlock"] = None
+    next_free: Optional["KVCacheBlock"] = None
+
+    def __repr__(self) -> str:
+        cached = "" if self.block_hash is None else f", hash={self.block_hash[:4].hex()}"
+        return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{cached})"
+
+
+class FreeBlockQueue:
+    """Blocks with refcount 0, as an intrusive doubly linked list in eviction order.
+
+    The head is taken first. Every operation is O(1): the links live in the blocks themselves,
+    so a block found by a prefix hit leaves the middle of the queue without a search.
+    """
+
+    __slots__ = ("_head", "_tail", "num_free_blocks")
+
+    def __init__(self, blocks: Iterable[KVCacheBlock] = ()):
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the block at the head (the next one to reuse)."""
+        block = self._head.next_free
+        if block is self._tail:
+            raise IndexError("no free blocks")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Take ``block`` out of the queue, wherever it is."""
+        prev, nxt = block.prev_free, block.next_free
+        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the tail: reused last."""
+        self._link(block, self._tail.prev_free, self._tail)
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the head: reused first."""
+        self._link(block, self._head, self._head.next_free)
+
+    def _link(self, block: KVCacheBlock, prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
+        assert block.prev_free is None and block.next_free is None, f"{block} is already free"
+        block.prev_free, block.next_free = prev, nxt
+        prev.next_free = block
+        nxt.prev_free = block
+        self.num_free_blocks += 1
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        block = self._head.next_free
+        while block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+class BlockPool:
+    """All physical blocks of one KV cache, free or referenced.
+
+    A block with refcount 0 is always in the free queue. Uncached free blocks (no hash) wait at
+    the head, so they are reused before any cached block is evicted; cached ones join the tail,
+    which makes the queue's cached part LRU. Taking a cached block from the queue to reuse it is
+    an eviction: its hash leaves the map.
+    """
+
+    __slots__ = ("blocks", "free_queue", "cached_blocks", "num_evictions")
+
+    def __init__(self, num_blocks: int):
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the head of the free queue, evicting cached ones."""
+        if num_blocks > self.free_queue.num_free_blocks:
+            raise ValueError(f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
+        popleft = self.free_queue.popleft
+        new_blocks = []
+        for _ in range(num_blocks):
+            block = popleft()
+            if block.block_hash is not None:
+                self._drop_hash(block)
+                self.num_evictions += 1
+            block.ref_cnt = 1
+            new_blocks.append(block)
+        return new_blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on each of ``blocks`` (prefix hits), lifting free ones out of the queue."""
+        remove = self.free_queue.remove
+        for block in blocks:
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each of ``blocks``, in order; at zero a block is free at once."""
+        queue = self.free_queue
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    queue.appendleft(block)
+                else:
+                    queue.append(block)
+
+    def publish(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+        """Make a full block findable by its hash (a no-op when the hash is already taken)."""
+        if block.block_hash is None and block_hash not in self.cached_blocks:
+            block.block_hash = block_hash
+            self.cached_blocks[block_hash] = block
+
+    def unpublish(self, block: KVCacheBlock) -> None:
+        """Forget a block's hash: its KV will never be computed."""
+        if block.block_hash is not None:
+            self._drop_hash(block)
+
+    def _drop_hash(self, block: KVCacheBlock) -> None:
+        assert self.cached_blocks.get(block.block_hash) is block
+        del self.cached_blocks[block.block_hash]
+        block.block_hash = None
+
+    def get_cached_block(self, block_hash: BlockHash) -> Optional[KVCacheBlock]:
+        """The block published under ``block_hash``, if any."""
+        return self.cached_blocks.get(block_hash)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every published hash (blocks in use stay allocated); returns how many."""
+        num_dropped = len(self.cached_blocks)
+        for block in self.cached_blocks.values():
+            block.block_hash = None
+        self.cached_blocks.clear()
+        return num_dropped

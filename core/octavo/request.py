@@ -1,0 +1,168 @@
+"""One generation request as the scheduler and the KV cache manager see it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence, Union
+
+from octavo.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from octavo.kv_cache.hashing import BlockHash
+
+BlockHasherFn = Callable[["Request"], "list[BlockHash]"]
+"""``fn(request) -> hashes of the blocks that became full since the last call`` (see
+``octavo.kv_cache.hashing.BlockHasher``); it also exposes ``block_size``."""
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life; every ``FINISHED_*`` status compares above ``SWAPPED``."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    SWAPPED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.SWAPPED
+
+
+class Request:
+    """Prompt and output token ids, progress, and the chained hashes of its full blocks.
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache. ``block_hashes[i]`` is the
+    hash of full block ``i`` of ``all_token_ids``; it is extended as blocks fill and survives
+    preemption, so a resumed request never re-hashes. The engine appends sampled tokens only with
+    ``append_output_token_ids`` (it keeps ``all_token_ids`` and ``block_hashes`` in step).
+    ``mm_positions[j]`` is the ``(offset, length)`` of the placeholder tokens of the multimodal
+    input hashed ``mm_hashes[j]``; without positions every multimodal hash keys the first block.
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "sampling_params",
+        "arrival_time",
+        "priority",
+        "cache_salt",
+        "lora_id",
+        "mm_hashes",
+        "mm_positions",
+        "status",
+        "num_computed_tokens",
+        "block_hashes",
+        "_output_token_ids",
+        "_all_token_ids",
+        "_block_hasher",
+        "_block_size",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: Optional[SamplingParams] = None,
+        *,
+        arrival_time: Optional[float] = None,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        lora_id: Union[int, str, None] = None,
+        mm_hashes: Sequence[str] = (),
+        mm_positions: Optional[Sequence[tuple[int, int]]] = None,
+        block_hasher: Optional[BlockHasherFn] = None,
+    ):
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id!r}: the prompt must contain at least one token")
+        if mm_positions is not None and len(mm_positions) != len(mm_hashes):
+            raise ValueError(
+                f"request {request_id!r}: mm_positions has {len(mm_positions)} entries but "
+                f"mm_hashes has {len(mm_hashes)}; give one (offset, length) per multimodal input"
+            )
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.lora_id = lora_id
+        self.mm_hashes = tuple(mm_hashes)
+        self.mm_positions = None if mm_positions is None else tuple(mm_positions)
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self._output_token_ids: list[int] = []
+        self._all_token_ids = list(self.prompt_token_ids)
+        self._block_hasher = block_hasher
+        self._block_size = block_hasher.block_size if block_hasher is not None else 0
+        self.block_hashes: list[BlockHash] = []
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The sampled tokens so far (append with ``append_output_token_ids``)."""
+        return self._output_token_ids
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by output tokens."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.SWAPPED
+
+    @property
+    def skip_prefix_cache_lookup(self) -> bool:
+        """Prompt logprobs need logits for every prompt token, so cached KV cannot stand in."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    def append_output_token_ids(self, token_ids: Union[int, Iterable[int]]) -> None:
+        """Append sampled tokens, hashing any block they fill."""
+        if isinstance(token_ids, int):
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            token_ids = list(token_ids)
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+        hasher = self._block_hasher
+        if hasher is not None and len(self._all_token_ids) >= (len(self.block_hashes) + 1) * self._block_size:
+            self.block_hashes.extend(hasher(self))
+
+    def fork(self, request_id: str) -> "Request":
+        """A child with the same tokens, progress and block hashes (for n>1 and beam search).
+
+        Pair it with ``KVCacheManager.fork(parent, child)`` so the child shares the KV blocks.
+        """
+        child = Request.__new__(Request)
+        for name in Request.__slots__:
+            setattr(child, name, getattr(self, name))
+        child.request_id = request_id
+        child._output_token_ids = list(self._output_token_ids)
+        child._all_token_ids = list(self._all_token_ids)
+        child.block_hashes = list(self.block_hashes)
+        return child
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens})"
+        )
