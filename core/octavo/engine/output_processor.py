@@ -1,0 +1,256 @@
+"""From the engine core's per-step token deltas to the RequestOutputs users see.
+
+The engine core reports, per step and per engine request, the new token ids (and logprobs when
+asked). The OutputProcessor detokenises them, applies every stop condition, says which requests
+it finished so the core can free them, and builds RequestOutputs: cumulative, delta (streaming)
+or final-only, one per user request, with the ``n`` samples of a request gathered together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Iterable, Optional, Sequence
+
+from octavo.engine.detokenizer import TokenizerAdapter
+from octavo.engine.logprobs import StepLogprobs, build_logprob_dicts
+from octavo.engine.request_state import RequestState
+from octavo.engine.stop_checker import FinishReason, StopChecker, StopReason
+from octavo.outputs import Logprob, RequestMetrics, RequestOutput
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclasses.dataclass(slots=True)
+class EngineCoreOutput:
+    """What one engine step produced for one engine request.
+
+    ``new_logprobs`` has one row per new token when the request asked for logprobs;
+    ``new_prompt_logprobs`` one row per newly computed prompt position after the first (for
+    n > 1, reported on the child with index 0). ``finish_reason`` is set when the core itself
+    ended the request (an abort, or the model's length); the core may also leave every stop
+    check to the processor.
+    """
+
+    request_id: str
+    new_token_ids: Sequence[int] = ()
+    new_logprobs: Optional[StepLogprobs] = None
+    new_prompt_logprobs: Optional[StepLogprobs] = None
+    finish_reason: Optional[FinishReason] = None
+    stop_reason: StopReason = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildRequest:
+    """One engine request to schedule for a user request: sample ``index`` of its ``n``.
+
+    With n == 1 the engine request id is the user's; otherwise ``"{index}_{request_id}"``, with
+    ``n=1`` and, when seeded, ``seed + index`` in its params. Siblings share the prompt, so the
+    core may fork their KV blocks.
+    """
+
+    request_id: str
+    parent_request_id: str
+    index: int
+    sampling_params: SamplingParams
+
+
+@dataclasses.dataclass(slots=True)
+class ProcessedOutputs:
+    """One call's results: outputs for users, and engine requests the core must now free."""
+
+    request_outputs: list[RequestOutput]
+    reqs_to_abort: list[str]
+
+
+class ParentRequest:
+    """A user request: its samples, its prompt (and prompt logprobs) and its metrics."""
+
+    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams, arrival_time: float) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.output_kind = params.output_kind
+        self.children: list[RequestState] = []
+        self.prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = [None] if params.prompt_logprobs is not None else None
+        self._num_sent_prompt_logprobs = 0
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+
+    @property
+    def finished(self) -> bool:
+        """True once every sample has finished."""
+        return all(child.finished for child in self.children)
+
+    def add_prompt_logprobs(self, step: StepLogprobs, adapter: Optional[TokenizerAdapter]) -> None:
+        """Append newly computed prompt positions' logprobs."""
+        if self.prompt_logprobs is None:
+            return
+        dicts, _ = build_logprob_dicts(step, self.params.prompt_logprobs, adapter)
+        self.prompt_logprobs.extend(dicts)
+
+    def make_output(self) -> Optional[RequestOutput]:
+        """This step's RequestOutput for the user, or None when there is nothing to send."""
+        finished = self.finished
+        kind = self.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        fresh = [child for child in self.children if child.has_unsent()]
+        if not fresh:
+            return None  # e.g. a prefill chunk: nothing new for the user yet
+        children = fresh if kind == RequestOutputKind.DELTA else self.children
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is not None and kind == RequestOutputKind.DELTA:
+            # Positions not sent yet (all of them with the first output), else None.
+            prompt_logprobs = prompt_logprobs[self._num_sent_prompt_logprobs :] or None
+            self._num_sent_prompt_logprobs = len(self.prompt_logprobs)
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=[child.completion_output() for child in children],
+            finished=finished,
+            metrics=self.metrics,
+        )
+
+
+class OutputProcessor:
+    """Turns engine-core deltas into RequestOutputs and decides when samples finish.
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` or a transformers tokenizer (None: no text, no
+    stop strings). ``eos_token_id`` is the default EOS for requests that do not give their own;
+    ``max_model_len`` caps prompt + output ("length").
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_id: Optional[int] = None, max_model_len: Optional[int] = None) -> None:
+        self._adapter = TokenizerAdapter(tokenizer) if tokenizer is not None else None
+        self._eos_token_id = eos_token_id
+        self._max_model_len = max_model_len
+        self._parents: dict[str, ParentRequest] = {}
+        self._states: dict[str, RequestState] = {}
+        self._parent_of: dict[str, ParentRequest] = {}
+
+    def get_num_unfinished_requests(self) -> int:
+        """How many user requests still have a running sample."""
+        return len(self._parents)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any user request is running."""
+        return bool(self._parents)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        prompt: Optional[str] = None,
+        eos_token_id: Optional[int] = None,
+        arrival_time: Optional[float] = None,
+    ) -> list[ChildRequest]:
+        """Register a user request; return the engine requests (its ``n`` samples) to schedule."""
+        if request_id in self._parents:
+            raise ValueError(f"request_id {request_id!r} is already running; request ids must be unique")
+        if params.stop and self._adapter is None:
+            raise ValueError("stop strings need a tokenizer; this engine runs without one (use stop_token_ids)")
+        prompt_token_ids = list(prompt_token_ids)
+        max_output_tokens = self._max_output_tokens(len(prompt_token_ids), params)
+        eos = eos_token_id if eos_token_id is not None else self._eos_token_id
+        parent = ParentRequest(request_id, prompt, prompt_token_ids, params, time.time() if arrival_time is None else arrival_time)
+        children = _child_requests(request_id, params)
+        delta = params.output_kind == RequestOutputKind.DELTA
+        for child in children:
+            checker = StopChecker(child.sampling_params, eos, max_output_tokens)
+            state = RequestState(child.request_id, child.index, params, self._adapter, prompt_token_ids, checker, delta)
+            parent.children.append(state)
+            self._states[child.request_id] = state
+            self._parent_of[child.request_id] = parent
+        self._parents[request_id] = parent
+        return children
+
+    def _max_output_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> Optional[int]:
+        if self._max_model_len is None:
+            return params.max_tokens
+        room = self._max_model_len - num_prompt_tokens
+        if room < 1:
+            raise ValueError(
+                f"prompt is {num_prompt_tokens} tokens, which leaves no room to generate within "
+                f"max_model_len={self._max_model_len}; shorten the prompt"
+            )
+        return room if params.max_tokens is None else min(room, params.max_tokens)
+
+    def process_outputs(self, core_outputs: Iterable[EngineCoreOutput]) -> ProcessedOutputs:
+        """Apply one step's deltas; return RequestOutputs and the engine requests to free."""
+        now = time.time()
+        touched: dict[str, ParentRequest] = {}
+        reqs_to_abort: list[str] = []
+        for core_output in core_outputs:
+            state = self._states.get(core_output.request_id)
+            if state is None:
+                continue  # aborted or finished earlier; the core may still report it once
+            parent = self._parent_of[core_output.request_id]
+            num_kept = state.append_tokens(core_output.new_token_ids, core_output.new_logprobs)
+            if core_output.new_prompt_logprobs is not None and state.index == 0:
+                parent.add_prompt_logprobs(core_output.new_prompt_logprobs, self._adapter)
+            if core_output.finish_reason is not None:
+                if not state.finished:
+                    state.finish(core_output.finish_reason, core_output.stop_reason)
+            elif state.finished:
+                reqs_to_abort.append(core_output.request_id)
+            _update_metrics(parent.metrics, num_kept, now)
+            touched[parent.request_id] = parent
+            if state.finished:
+                self._forget_state(state.request_id)
+        return ProcessedOutputs(self._collect(touched.values(), now), reqs_to_abort)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> ProcessedOutputs:
+        """Abort user requests: their final outputs (finish_reason "abort") and the engine
+        requests the core must free. Unknown or finished ids are ignored."""
+        now = time.time()
+        touched: dict[str, ParentRequest] = {}
+        reqs_to_abort: list[str] = []
+        for request_id in request_ids:
+            parent = self._parents.get(request_id)
+            if parent is None:
+                continue
+            for state in parent.children:
+                if not state.finished:
+                    state.finish(FinishReason.ABORT, None)
+                    reqs_to_abort.append(state.request_id)
+                    self._forget_state(state.request_id)
+            touched[request_id] = parent
+        return ProcessedOutputs(self._collect(touched.values(), now), reqs_to_abort)
+
+    def _forget_state(self, engine_request_id: str) -> None:
+        del self._states[engine_request_id]
+        del self._parent_of[engine_request_id]
+
+    def _collect(self, parents: Iterable[ParentRequest], now: float) -> list[RequestOutput]:
+        request_outputs = []
+        for parent in parents:
+            if parent.finished:
+                parent.metrics.finished_time = now
+                del self._parents[parent.request_id]
+            request_output = parent.make_output()
+            if request_output is not None:
+                request_outputs.append(request_output)
+        return request_outputs
+
+
+def _child_requests(request_id: str, params: SamplingParams) -> list[ChildRequest]:
+    if params.n == 1:
+        return [ChildRequest(request_id, request_id, 0, params)]
+    children = []
+    for index in range(params.n):
+        seed = None if params.seed is None else params.seed + index
+        child_params = dataclasses.replace(params, n=1, seed=seed)
+        children.append(ChildRequest(f"{index}_{request_id}", request_id, index, child_params))
+    return children
+
+
+def _update_metrics(metrics: RequestMetrics, num_new_tokens: int, now: float) -> None:
+    if num_new_tokens == 0:
+        return
+    if metrics.first_token_time is None:
+        metrics.first_token_time = now
+    metrics.last_token_time = now
+    metrics.num_generation_tokens += num_new_tokens
