@@ -54,7 +54,8 @@ def paged_attention(
     ``r`` (at position ``p``) attends to the request's context positions ``0..p`` read through
     ``block_table[r]`` (and only to the last ``sliding_window`` of them when set). GQA: query
     head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``. Computed in float32, returned
-    in ``query.dtype``; rows of padding tokens (beyond the last request) are zero.
+    in ``query.dtype``. Rows of padding tokens (beyond the last request) are zero here; a
+    platform kernel may leave anything there, and callers ignore them.
     """
     write_kv(key, value, kv_cache, metadata.slot_mapping)
     num_heads = query.shape[1]
@@ -72,8 +73,8 @@ def paged_attention(
         v = v.repeat_interleave(group, dim=1).float()
         q = query[start:end].float()
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        q_pos = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
-        k_pos = torch.arange(seq_len).unsqueeze(0)
+        q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device).unsqueeze(1)
+        k_pos = torch.arange(seq_len, device=query.device).unsqueeze(0)
         masked = k_pos > q_pos
         if sliding_window is not None:
             masked |= k_pos <= q_pos - sliding_window
@@ -110,9 +111,11 @@ def rms_norm(
 def apply_top_k_top_p_min_p(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     """Mask (to -inf) what top-k, then top-p, then min-p exclude, per row. Returns a new tensor.
 
-    top-k keeps the ``k`` largest logits (ties at the k-th value are kept); top-p keeps the
-    smallest set of most-likely tokens whose probability reaches ``p`` (always at least one);
-    min-p keeps tokens whose probability is at least ``min_p`` times the row's largest.
+    top-k keeps the ``k`` largest logits (ties at the k-th value are kept; ``k`` of 0 or beyond
+    the vocabulary keeps all); top-p keeps the smallest set of most-likely tokens whose
+    probability reaches ``p`` (always at least one; ``p >= 1`` keeps all, whatever the float
+    rounding of the cumulative sum); min-p keeps tokens whose probability is at least ``min_p``
+    times the row's largest.
     """
     logits = logits.clone()
     vocab = logits.shape[-1]
@@ -125,7 +128,8 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, metadata: SamplingMetadata) ->
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop_sorted = mass_before >= metadata.top_p.unsqueeze(1)
+    top_p = metadata.top_p.unsqueeze(1)
+    drop_sorted = (mass_before >= top_p) & (top_p < 1.0)
     drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     logits = logits.masked_fill(drop, float("-inf"))
@@ -180,7 +184,10 @@ def apply_token_bitmask(
     """In place: logits of disallowed tokens (bit 0) become -inf. ``indices[i]`` is the logits
     row that bitmask row ``i`` applies to (default: row ``i``)."""
     allowed = unpack_bitmask(bitmask, logits.shape[-1])
-    rows = torch.arange(bitmask.shape[0]) if indices is None else indices.long()
+    if indices is None:
+        rows = torch.arange(bitmask.shape[0], device=logits.device)
+    else:
+        rows = indices.long()
     logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
 
 

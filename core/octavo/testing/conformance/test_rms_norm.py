@@ -1,0 +1,68 @@
+"""The platform's ``rms_norm(hidden_size, eps, dtype)`` against the reference, plain and with the
+fused residual add."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo.ops import reference
+from octavo.testing.conformance import tolerances
+
+# (num_tokens, hidden_size, eps): empty, one token, a ragged count with a hidden size that is
+# not a power of two, and the ~100M model's width.
+SHAPES = ((0, 64, 1e-5), (1, 64, 1e-6), (13, 200, 1e-5), (5, 768, 1e-6))
+
+
+def make_inputs(num_tokens, hidden_size, dtype, device, seed, scale=1.0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden_size, generator=generator) * scale
+    residual = torch.randn(num_tokens, hidden_size, generator=generator) * scale
+    weight = 1.0 + 0.5 * torch.randn(hidden_size, generator=generator)
+    return [t.to(dtype) for t in (x, residual, weight)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "t{}h{}".format(*s[:2]))
+@pytest.mark.parametrize("dtype", tolerances.ALL_DTYPES, ids=str)
+def test_rms_norm(octavo_platform, octavo_device, dtype, shape):
+    """``rms_norm(x) * weight``; ``x`` is left as it was."""
+    tolerances.require_dtype(octavo_platform, dtype)
+    num_tokens, hidden_size, eps = shape
+    x, _, weight = make_inputs(num_tokens, hidden_size, dtype, octavo_device, seed=hidden_size)
+    fn = octavo_platform.rms_norm(hidden_size, eps, dtype)
+    x_dev = x.to(octavo_device)
+    out = fn(x_dev, weight.to(octavo_device))
+    assert out.dtype == dtype and out.shape == x.shape
+    tolerances.assert_close(out, reference.rms_norm(x, weight, eps), tolerances.RMS_NORM[dtype],
+                            f"rms_norm {dtype} {shape}")
+    assert torch.equal(x_dev.cpu(), x), "rms_norm without residual modified its input"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "t{}h{}".format(*s[:2]))
+@pytest.mark.parametrize("dtype", tolerances.ALL_DTYPES, ids=str)
+def test_fused_residual_add(octavo_platform, octavo_device, dtype, shape):
+    """With ``residual``: ``(rms_norm(x + residual) * weight, x + residual)``.
+
+    The kernel may reuse ``x`` and ``residual`` as its outputs (in-place fused kernels do);
+    callers use only the returned pair.
+    """
+    tolerances.require_dtype(octavo_platform, dtype)
+    num_tokens, hidden_size, eps = shape
+    x, residual, weight = make_inputs(num_tokens, hidden_size, dtype, octavo_device, seed=1)
+    fn = octavo_platform.rms_norm(hidden_size, eps, dtype)
+    out, new_residual = fn(x.to(octavo_device), weight.to(octavo_device), residual.to(octavo_device))
+    expected, expected_residual = reference.rms_norm(x, weight, eps, residual)
+    tol = tolerances.RMS_NORM[dtype]
+    tolerances.assert_close(out, expected, tol, f"fused rms_norm {dtype} {shape}")
+    tolerances.assert_close(new_residual, expected_residual, tol, f"fused residual {dtype} {shape}")
+
+
+@pytest.mark.parametrize("dtype", tolerances.ALL_DTYPES, ids=str)
+def test_eps_matters_for_small_inputs(octavo_platform, octavo_device, dtype):
+    """Inputs near 1e-3 make ``eps`` dominate the mean square: it must be the one asked for."""
+    tolerances.require_dtype(octavo_platform, dtype)
+    x, residual, weight = make_inputs(6, 64, dtype, octavo_device, seed=2, scale=1e-3)
+    fn = octavo_platform.rms_norm(64, 1e-5, dtype)
+    out = fn(x.to(octavo_device), weight.to(octavo_device))
+    tolerances.assert_close(out, reference.rms_norm(x, weight, 1e-5), tolerances.RMS_NORM[dtype],
+                            f"small-input rms_norm {dtype}")

@@ -1,0 +1,142 @@
+"""The platform's ``sampler(vocab_size)``: greedy is exact, random rows stay inside the top-k /
+top-p / min-p set, seeded rows are reproducible, and draws follow the softmax."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from octavo.testing.conformance.sampling_cases import (
+    RowSpec,
+    allowed_tokens,
+    expected_probs,
+    make_metadata,
+    row_params,
+)
+
+VOCAB = 257  # not a power of two: tiles that assume one must mask their tail
+
+
+def spaced_logits(num_rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Rows whose sorted logits are at least 0.05 apart, in a random token order."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(num_rows):
+        values = -0.08 * torch.arange(vocab) + 0.03 * torch.rand(vocab, generator=generator)
+        rows.append(values[torch.randperm(vocab, generator=generator)])
+    return torch.stack(rows)
+
+
+def test_greedy_is_argmax(octavo_platform, octavo_device):
+    """All-greedy batches return argmax, the lowest index on ties."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(5, VOCAB, seed=0)
+    logits[3, 17] = logits[3, 200] = logits[3].max() + 1.0  # a tie: token 17 must win
+    params = [row_params(row, RowSpec(0.0)) for row in logits]
+    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device))
+    assert tokens.dtype == torch.int64 and tokens.shape == (5,)
+    assert tokens.cpu().tolist() == logits.argmax(-1).tolist()
+    assert tokens[3].item() == 17
+
+
+def test_greedy_rows_in_a_mixed_batch(octavo_platform, octavo_device):
+    """Temperature-0 rows stay argmax when other rows sample (with filters on)."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(6, VOCAB, seed=1)
+    specs = [RowSpec(0.0), RowSpec(1.0, keep_top_k=5), RowSpec(0.0), RowSpec(0.8, keep_top_p=4),
+             RowSpec(1.2, keep_min_p=3), RowSpec(0.0)]
+    params = [row_params(row, spec) for row, spec in zip(logits, specs)]
+    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device)).cpu()
+    for row in (0, 2, 5):
+        assert tokens[row].item() == logits[row].argmax().item(), f"greedy row {row}"
+
+
+def test_random_rows_stay_in_the_allowed_set(octavo_platform, octavo_device):
+    """Every draw is one of the tokens top-k, then top-p, then min-p keep."""
+    sampler = octavo_platform.sampler(VOCAB)
+    specs = [
+        RowSpec(1.0, keep_top_k=5),
+        RowSpec(0.7, keep_top_p=4),
+        RowSpec(1.5, keep_min_p=6),
+        RowSpec(1.0, keep_top_k=12, keep_top_p=7, keep_min_p=3),
+        RowSpec(0.9, keep_top_p=1),
+        RowSpec(2.0),
+    ]
+    copies = 48
+    logits = spaced_logits(len(specs), VOCAB, seed=2).repeat_interleave(copies, 0)
+    params = [row_params(row, specs[i // copies]) for i, row in enumerate(logits)]
+    torch.manual_seed(0)
+    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device)).cpu()
+    assert tokens.shape == (len(logits),) and tokens.dtype == torch.int64
+    off_greedy = 0
+    for i, (row, p) in enumerate(zip(logits, params)):
+        token = tokens[i].item()
+        assert token in allowed_tokens(row, p.num_allowed), (
+            f"row {i} ({specs[i // copies]}) drew token {token}, outside its {p.num_allowed} allowed"
+        )
+        off_greedy += token != row.argmax().item()
+    assert off_greedy > len(logits) // 4, "random rows nearly always drew the argmax"
+
+
+def test_top_k_beyond_vocab_means_all_tokens(octavo_platform, octavo_device):
+    """A top-k larger than the vocabulary filters nothing (and does not crash)."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(1, VOCAB, seed=3).repeat(64, 1)
+    params = [row_params(row, RowSpec(5.0)) for row in logits]
+    params = [dataclasses.replace(p, top_k=VOCAB + 5) for p in params]
+    torch.manual_seed(1)
+    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device)).cpu()
+    assert ((tokens >= 0) & (tokens < VOCAB)).all()
+    assert len(set(tokens.tolist())) > 8
+
+
+def seeded_draws(sampler, device, logits, seeds_by_row, num_steps, global_seed):
+    """Tokens per step for a batch whose rows listed in ``seeds_by_row`` have generators."""
+    generators = {
+        row: torch.Generator(device=device).manual_seed(seed) for row, seed in seeds_by_row.items()
+    }
+    params = [row_params(row, RowSpec(1.0)) for row in logits]
+    metadata = make_metadata(params, device, generators)
+    torch.manual_seed(global_seed)
+    logits = logits.to(device)
+    steps = [sampler(logits.clone(), metadata).cpu() for _ in range(num_steps)]
+    return torch.stack(steps, dim=1)
+
+
+def test_seeded_rows_do_not_depend_on_the_batch(octavo_platform, octavo_device):
+    """A seeded row draws the same tokens whatever its neighbours, position or global RNG."""
+    sampler = octavo_platform.sampler(VOCAB)
+    a, b, c, d = spaced_logits(4, VOCAB, seed=4)
+    first = seeded_draws(sampler, octavo_device, torch.stack([a, c, b]), {0: 7, 2: 9}, 6, 0)
+    second = seeded_draws(sampler, octavo_device, torch.stack([d, b, d, a]), {3: 7, 1: 9}, 6, 1)
+    assert first[0].tolist() == second[3].tolist(), "seed 7 drew differently in another batch"
+    assert first[2].tolist() == second[1].tolist(), "seed 9 drew differently in another batch"
+    other = seeded_draws(sampler, octavo_device, torch.stack([a]), {0: 8}, 6, 0)
+    assert other[0].tolist() != first[0].tolist(), "seeds 7 and 8 drew the same six tokens"
+
+
+def test_draws_follow_the_filtered_softmax(octavo_platform, octavo_device, octavo_conformance_quick):
+    """Empirical frequencies over many draws match softmax(logits / T) over the allowed set."""
+    vocab = 10
+    sampler = octavo_platform.sampler(vocab)
+    base = torch.tensor([2.0, 1.6, 1.1, 0.9, 0.4, 0.0, -0.3, -0.8, -1.5, -2.0])
+    generator = torch.Generator().manual_seed(5)
+    specs = [RowSpec(0.7, keep_top_k=6), RowSpec(1.3, keep_top_p=7), RowSpec(1.0, keep_min_p=5),
+             RowSpec(1.0)]
+    rows = [base[torch.randperm(vocab, generator=generator)] for _ in specs]
+    draws = 400 if octavo_conformance_quick else 1500
+    logits = torch.stack(rows).repeat_interleave(draws, 0)
+    params = [row_params(rows[i], spec) for i, spec in enumerate(specs)]
+    metadata = make_metadata([p for p in params for _ in range(draws)], octavo_device)
+    torch.manual_seed(2)
+    tokens = sampler(logits.to(octavo_device), metadata).cpu().view(len(specs), draws)
+    for i, (row, p) in enumerate(zip(rows, params)):
+        expected = expected_probs(row, p)
+        observed = torch.bincount(tokens[i], minlength=vocab).double() / draws
+        sigma = (expected * (1 - expected) / draws).sqrt()
+        # 5 sigma per token: a correct sampler fails this about once in a million runs.
+        bound = 5 * sigma + 1.0 / draws
+        assert ((observed - expected).abs() <= bound).all(), (
+            f"row {specs[i]}: observed {observed.tolist()} expected {expected.tolist()}"
+        )
