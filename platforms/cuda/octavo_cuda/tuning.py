@@ -1,0 +1,22 @@
+"""NVIDIA launch shapes for the shared Triton kernels (warps of 32 threads, mma tensor cores).
+
+Chosen for sm_80/sm_90 from the kernels' register and shared-memory needs; ``ci/device-check.sh``
+is where they get measured on a real GPU.
+"""
+
+from __future__ import annotations
+
+from octavo.platform.types import AttentionSpec
+from octavo_triton.tuning import AttentionTuning, RowTuning, SamplerTuning
+
+# Rows of a program: 16 is the smallest mma M; tf32x3 keeps P @ V within an ulp of float32.
+_ATTENTION = AttentionTuning(block_m=16, tile_n=64, num_warps=4, num_stages=2, pv_precision="tf32x3")
+_ATTENTION_WIDE_HEADS = AttentionTuning(block_m=16, tile_n=32, num_warps=4, num_stages=2, pv_precision="tf32x3")
+
+SAMPLER = SamplerTuning(block_v=2048, num_warps=8)
+ROWS = RowTuning(max_block=65536, bitmask_block=1024, warp_size=32)
+
+
+def attention_tuning(spec: AttentionSpec) -> AttentionTuning:
+    """Tiles for one model's attention: narrower context tiles for heads wider than 128."""
+    return _ATTENTION if spec.head_dim <= 128 else _ATTENTION_WIDE_HEADS

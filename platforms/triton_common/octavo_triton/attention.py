@@ -1,0 +1,98 @@
+"""The paged-attention backend built on the Triton kernels of :mod:`attention_kernels`."""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.platform.types import AttentionBackend, AttentionMetadata, AttentionSpec
+from octavo_triton.attention_kernels import unified_attention_kernel, write_kv_kernel
+from octavo_triton.runtime import interpreting, next_power_of_2, upcast_loads
+from octavo_triton.tuning import AttentionTuning
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' K/V at ``slot_mapping`` (``-1`` skips) in the default layout."""
+    num_slots = slot_mapping.shape[0]
+    if num_slots == 0:
+        return
+    key, value = _unit_last(key), _unit_last(value)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    write_kv_kernel[(num_slots,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        HEADS_PAD=next_power_of_2(num_kv_heads), HEAD_DIM_PAD=next_power_of_2(head_dim),
+        EMULATE_BF16=key.dtype != kv_cache.dtype and upcast_loads(kv_cache.dtype),
+    )
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Unified paged attention in Triton: one launch for a batch of prefill chunks and decodes.
+
+    Keeps octavo's default KV layout ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, so
+    the core's block copies and swaps apply unchanged. ``tuning`` holds the platform's tile shapes.
+    """
+
+    name = "triton"
+
+    def __init__(self, spec: AttentionSpec, tuning: AttentionTuning = AttentionTuning()):
+        super().__init__(spec)
+        if spec.num_heads % spec.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({spec.num_heads}) must be a multiple of num_kv_heads ({spec.num_kv_heads})"
+            )
+        self.tuning = tuning
+        self.gqa = spec.num_heads // spec.num_kv_heads
+        self.block_m = max(tuning.block_m, next_power_of_2(self.gqa))
+        self.block_q = self.block_m // self.gqa
+        self.head_dim_pad = max(16, next_power_of_2(spec.head_dim))
+        self.sliding_window = spec.sliding_window or 0
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Write the new K/V through ``slot_mapping``, then attend through ``block_table``."""
+        write_kv(key, value, kv_cache, metadata.slot_mapping)
+        out = torch.zeros_like(query)
+        num_reqs = metadata.num_reqs
+        if num_reqs == 0 or query.shape[0] == 0:
+            return out
+        query = _unit_last(query)
+        self._launch(out, query, kv_cache, metadata, num_reqs)
+        return out
+
+    def _launch(self, out, query, kv_cache, metadata: AttentionMetadata, num_reqs: int) -> None:
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        upcast = upcast_loads(query.dtype) or upcast_loads(kv_cache.dtype) or query.dtype != kv_cache.dtype
+        pv_precision = self.tuning.pv_precision
+        if pv_precision == "low" and (upcast or kv_cache.dtype not in _LOW_PRECISION):
+            pv_precision = "ieee"
+        block_table = metadata.block_table
+        grid = (query.shape[0] // self.block_q + num_reqs, self.spec.num_kv_heads)
+        unified_attention_kernel[grid](
+            out, query, k_cache, v_cache,
+            block_table, metadata.seq_lens, metadata.query_start_loc,
+            float(self.spec.scale), num_reqs,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+            BLOCK_M=self.block_m, BLOCK_Q=self.block_q, TILE_N=self.tuning.tile_n,
+            UPCAST=upcast, PV_PRECISION=pv_precision,
+            **({} if interpreting() else {"num_warps": self.tuning.num_warps, "num_stages": self.tuning.num_stages}),
+        )

@@ -1,0 +1,155 @@
+"""Triton kernels of paged attention: the KV write through ``slot_mapping`` and the unified
+attention over a flat batch that mixes prefill chunks and decodes.
+
+KV layout (octavo's default): ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, passed as
+two views (K and V) with their strides. Query, key and value are ``[T, heads, head_dim]`` with a
+unit stride along ``head_dim``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from octavo_triton.numerics import narrow
+
+
+@triton.jit
+def write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_key_tok, stride_key_head, stride_value_tok, stride_value_head,
+    stride_kc_block, stride_kc_slot, stride_kc_head,
+    stride_vc_block, stride_vc_slot, stride_vc_head,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """One program per new token: copy its K and V (all KV heads) to its slot; -1 skips."""
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot >= 0:
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+        k = tl.load(key_ptr + token * stride_key_tok + heads * stride_key_head + dims, mask=mask)
+        v = tl.load(value_ptr + token * stride_value_tok + heads * stride_value_head + dims, mask=mask)
+        k_dst = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + heads * stride_kc_head
+        v_dst = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + heads * stride_vc_head
+        tl.store(k_dst + dims, narrow(k, k_cache_ptr.dtype.element_ty, EMULATE_BF16), mask=mask)
+        tl.store(v_dst + dims, narrow(v, v_cache_ptr.dtype.element_ty, EMULATE_BF16), mask=mask)
+
+
+@triton.jit
+def find_request(query_start_loc_ptr, num_reqs, pid, BLOCK_Q: tl.constexpr):
+    """The request owning global query block ``pid``: the largest ``r`` with
+    ``query_start_loc[r] // BLOCK_Q + r <= pid`` (strictly increasing in ``r``)."""
+    lo = num_reqs * 0
+    hi = num_reqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        lo = tl.where(first_block <= pid, mid, lo)
+        hi = tl.where(first_block <= pid, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def attend_tile(
+    q, m_i, l_i, acc, q_pos, tile_start, kv_end,
+    k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, scale,
+    stride_kc_block, stride_kc_slot, stride_kc_head,
+    stride_vc_block, stride_vc_slot, stride_vc_head,
+    SLIDING_WINDOW: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, TILE_N: tl.constexpr, UPCAST: tl.constexpr,
+    PV_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over context positions ``tile_start .. tile_start + TILE_N``."""
+    k_pos = tile_start + tl.arange(0, TILE_N)
+    k_ok = k_pos < kv_end
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = dims < HEAD_DIM
+    block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+    offset = k_pos % BLOCK_SIZE
+    k_ptr = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + kv_head * stride_kc_head
+    k = tl.load(k_ptr[None, :] + dims[:, None], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    s = tl.dot(q, k, input_precision="ieee") * scale
+    visible = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+    if SLIDING_WINDOW > 0:
+        visible = visible & (k_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v_ptr = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + kv_head * stride_vc_head
+    v = tl.load(v_ptr[:, None] + dims[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if PV_PRECISION == "low":
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PV_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def unified_attention_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+    scale, num_reqs,
+    stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_req,
+    stride_kc_block, stride_kc_slot, stride_kc_head,
+    stride_vc_block, stride_vc_slot, stride_vc_head,
+    GQA: tl.constexpr, SLIDING_WINDOW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr, PV_PRECISION: tl.constexpr,
+):
+    """Grid ``(T // BLOCK_Q + R, num_kv_heads)``: a program takes up to ``BLOCK_Q`` new tokens of
+    one request and the ``GQA`` query heads of one KV head, and walks that request's context
+    through its block table with an online softmax, causal inside the new tokens."""
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = find_request(query_start_loc_ptr, num_reqs, pid, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    q_block = pid - (q_start // BLOCK_Q + req)
+    if q_block * BLOCK_Q < q_len:
+        seq_len = tl.load(seq_lens_ptr + req)
+        context_len = seq_len - q_len
+        rows = tl.arange(0, BLOCK_M)
+        tok = q_block * BLOCK_Q + rows // GQA
+        head = kv_head * GQA + rows % GQA
+        row_ok = (rows // GQA < BLOCK_Q) & (tok < q_len)
+        dims = tl.arange(0, HEAD_DIM_PAD)
+        d_ok = dims < HEAD_DIM
+        q_off = (q_start + tok).to(tl.int64)[:, None] * stride_q_tok + head[:, None] * stride_q_head
+        q = tl.load(q_ptr + q_off + dims[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        q_pos = context_len + tok
+        first_pos = context_len + q_block * BLOCK_Q
+        kv_end = context_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len)
+        kv_start = 0
+        if SLIDING_WINDOW > 0:
+            kv_start = tl.maximum(first_pos - SLIDING_WINDOW + 1, 0) // TILE_N * TILE_N
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+        block_table_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt_req
+        for tile_start in range(kv_start, kv_end, TILE_N):
+            m_i, l_i, acc = attend_tile(
+                q, m_i, l_i, acc, q_pos, tile_start, kv_end,
+                k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, scale,
+                stride_kc_block, stride_kc_slot, stride_kc_head,
+                stride_vc_block, stride_vc_slot, stride_vc_head,
+                SLIDING_WINDOW, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE_N, UPCAST, PV_PRECISION,
+            )
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_off = (q_start + tok).to(tl.int64)[:, None] * stride_o_tok + head[:, None] * stride_o_head
+        tl.store(out_ptr + o_off + dims[None, :], narrow(out, out_ptr.dtype.element_ty, UPCAST),
+                 mask=row_ok[:, None] & d_ok[None, :])

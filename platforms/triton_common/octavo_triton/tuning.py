@@ -1,0 +1,42 @@
+"""Launch shapes: what a platform chooses for its chips when it reuses a shared kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionTuning:
+    """Tile shapes of the unified paged-attention kernel.
+
+    ``block_m`` rows of a program's query tile hold ``block_m // gqa`` new tokens times the
+    ``gqa`` query heads that share one KV head; ``tile_n`` context tokens are read per loop
+    step (any multiple of 16, independent of the KV block size: keys are gathered slot by slot
+    through the block table). ``pv_precision`` is how probabilities (float32) meet V: a ``tl.dot``
+    input precision on float32 operands (``"ieee"``, NVIDIA's ``"tf32x3"``, AMD's ``"bf16x3"``:
+    within one output ulp of the float32 reference) or ``"low"`` (probabilities cast to the KV
+    dtype, the usual flash-attention shortcut: faster, a few 16-bit ulps off near zero).
+    """
+
+    block_m: int = 16
+    tile_n: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    pv_precision: str = "ieee"
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerTuning:
+    """Vocabulary chunk per loop step of the sampling kernel (one program per row)."""
+
+    block_v: int = 1024
+    num_warps: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTuning:
+    """Row-wise kernels (RMSNorm, bitmask): the most columns one program handles in a block."""
+
+    max_block: int = 65536
+    bitmask_block: int = 1024
+    warp_size: int = 32
