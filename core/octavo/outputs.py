@@ -43,7 +43,7 @@ class RequestMetrics:
         return self.first_token_time - self.arrival_time
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class CompletionOutput:
     """One of a request's ``n`` samples.
 
@@ -68,7 +68,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class RequestOutput:
     """Everything one request has produced so far (or, in delta mode, since its last output).
 

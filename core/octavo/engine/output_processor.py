@@ -16,7 +16,7 @@ from octavo.engine.detokenizer import TokenizerAdapter
 from octavo.engine.logprobs import StepLogprobs, build_logprob_dicts
 from octavo.engine.request_state import RequestState
 from octavo.engine.stop_checker import FinishReason, StopChecker, StopReason
-from octavo.outputs import Logprob, RequestMetrics, RequestOutput
+from octavo.outputs import PromptLogprobs, RequestMetrics, RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -72,14 +72,15 @@ class ParentRequest:
         self.params = params
         self.output_kind = params.output_kind
         self.children: list[RequestState] = []
-        self.prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = [None] if params.prompt_logprobs is not None else None
+        self.num_unfinished = 0  # kept by the OutputProcessor as samples finish
+        self.prompt_logprobs: Optional[PromptLogprobs] = [None] if params.prompt_logprobs is not None else None
         self._num_sent_prompt_logprobs = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     @property
     def finished(self) -> bool:
         """True once every sample has finished."""
-        return all(child.finished for child in self.children)
+        return self.num_unfinished == 0
 
     def add_prompt_logprobs(self, step: StepLogprobs, adapter: Optional[TokenizerAdapter]) -> None:
         """Append newly computed prompt positions' logprobs."""
@@ -162,6 +163,7 @@ class OutputProcessor:
             checker = StopChecker(child.sampling_params, eos, max_output_tokens)
             state = RequestState(child.request_id, child.index, params, self._adapter, prompt_token_ids, checker, delta)
             parent.children.append(state)
+            parent.num_unfinished += 1
             self._states[child.request_id] = state
             self._parent_of[child.request_id] = parent
         self._parents[request_id] = parent
@@ -222,7 +224,7 @@ class OutputProcessor:
 
     def _forget_state(self, engine_request_id: str) -> None:
         del self._states[engine_request_id]
-        del self._parent_of[engine_request_id]
+        self._parent_of.pop(engine_request_id).num_unfinished -= 1
 
     def _collect(self, parents: Iterable[ParentRequest], now: float) -> list[RequestOutput]:
         request_outputs = []

@@ -67,7 +67,8 @@ class RequestState:
             self._consume_token(token_id)
             if self.finished:
                 break
-        if new_logprobs is not None and self.logprobs is not None and num_kept:
+        if self.logprobs is not None and num_kept:
+            assert new_logprobs is not None, f"{self.request_id} asked for logprobs; the runner sent none"
             dicts, chosen = build_logprob_dicts(new_logprobs, self.num_top_logprobs, self.adapter, num_kept)
             self.logprobs.extend(dicts)
             self.cumulative_logprob += sum(chosen)
@@ -92,6 +93,9 @@ class RequestState:
         if not new_text:
             return
         checker = self.stop_checker
+        if not checker.stop_strings:
+            self._commit(new_text)
+            return
         include = checker.include_stop_str_in_output
         window = self._held_text + new_text
         match = checker.find_stop_string(window, len(self._held_text)) if stops_enabled else None

@@ -36,7 +36,15 @@ class StopChecker:
     length). Stop strings are searched only in text that a token past ``min_tokens`` produced.
     """
 
-    __slots__ = ("eos_token_id", "stop_token_ids", "stop_strings", "min_tokens", "max_output_tokens", "include_stop_str_in_output")
+    __slots__ = (
+        "eos_token_id",
+        "stop_token_ids",
+        "stop_strings",
+        "min_tokens",
+        "max_output_tokens",
+        "include_stop_str_in_output",
+        "_prefix_last_chars",
+    )
 
     def __init__(self, params: SamplingParams, eos_token_id: Optional[int], max_output_tokens: Optional[int]) -> None:
         self.eos_token_id = None if params.ignore_eos else eos_token_id
@@ -45,6 +53,9 @@ class StopChecker:
         self.min_tokens = params.min_tokens
         self.max_output_tokens = max_output_tokens
         self.include_stop_str_in_output = params.include_stop_str_in_output
+        # Characters that can end a proper prefix of a stop string: text ending in anything else
+        # holds nothing back (the common case, checked in O(1)).
+        self._prefix_last_chars = frozenset(stop[i] for stop in self.stop_strings for i in range(len(stop) - 1))
 
     def stops_enabled(self, num_output_tokens: int) -> bool:
         """True once the token just appended (the ``num_output_tokens``-th) may end the output."""
@@ -85,6 +96,8 @@ class StopChecker:
         That suffix may still become a stop string, so streaming must not show it yet; any text
         before it never can. At most ``len(longest stop) - 1`` characters.
         """
+        if not text or text[-1] not in self._prefix_last_chars:
+            return 0
         longest = 0
         for stop in self.stop_strings:
             for length in range(min(len(stop) - 1, len(text)), longest, -1):
