@@ -7,5 +7,15 @@ from octavo import hookimpl
 
 @hookimpl
 def octavo_model_architectures():
-    # Filled in by the model-execution issue (Llama, Mistral, Qwen2, Qwen3).
-    return {}
+    """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs."""
+    from octavo.models.llama import LlamaForCausalLM
+    from octavo.models.mistral import MistralForCausalLM
+    from octavo.models.qwen2 import Qwen2ForCausalLM
+    from octavo.models.qwen3 import Qwen3ForCausalLM
+
+    return {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "MistralForCausalLM": MistralForCausalLM,
+        "Qwen2ForCausalLM": Qwen2ForCausalLM,
+        "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    }

@@ -1,0 +1,1 @@
+"""Model execution: config, loading, the persistent input batch and the model runner."""

@@ -1,0 +1,95 @@
+"""Building a model from a local HuggingFace folder: architecture lookup, safetensors, tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Union
+
+import torch
+from torch import nn
+
+from octavo.errors import ConfigError
+from octavo.model_executor.model_config import ModelConfig, read_json, resolve_model_folder
+from octavo.models.layers.linear import TPGroup
+from octavo.platform.facade import Platform
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the single file, or every shard the index names."""
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE]
+    if (folder / INDEX_FILE).is_file():
+        weight_map = read_json(folder / INDEX_FILE).get("weight_map") or {}
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ConfigError(f"{str(folder / INDEX_FILE)!r} names shard files that are missing: {missing}")
+        if not shards:
+            raise ConfigError(f"{str(folder / INDEX_FILE)!r} has an empty weight_map")
+        return [folder / s for s in shards]
+    raise ConfigError(
+        f"model folder {str(folder)!r} has no {SINGLE_FILE} or {INDEX_FILE}; octavo loads "
+        f"safetensors checkpoints only (convert .bin/.pth weights with transformers' save_pretrained)"
+    )
+
+
+def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every ``(name, tensor)`` of the checkpoint, one file at a time, tensors on the host."""
+    from safetensors import safe_open
+
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def model_class(config: ModelConfig, platform: Platform) -> type:
+    """The class registered (through ``octavo_model_architectures``) for the config's architecture."""
+    architectures = platform.model_architectures()
+    if config.architecture not in architectures:
+        raise ConfigError(
+            f"architecture {config.architecture!r} (from {str(config.model_path / 'config.json')!r}) is not "
+            f"supported; supported architectures: {', '.join(sorted(architectures)) or 'none'}"
+        )
+    return architectures[config.architecture]
+
+
+@torch.inference_mode()
+def load_model(
+    config: ModelConfig,
+    platform: Platform,
+    *,
+    block_size: int,
+    device: Union[str, torch.device],
+    tp: TPGroup = TPGroup(),
+) -> nn.Module:
+    """Construct the model on ``device`` in ``config.dtype`` and load every checkpoint tensor.
+
+    A tensor the model needs but the checkpoint lacks, or one of the wrong shape, is a
+    ConfigError naming it.
+    """
+    cls = model_class(config, platform)
+    model = cls(config, platform, block_size=block_size, device=device, tp=tp)
+    consumed = model.load_weights(iterate_checkpoint(config.model_path))
+    missing = sorted(model.checkpoint_tensor_names() - consumed)
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ConfigError(
+            f"the checkpoint in {str(config.model_path)!r} is missing {len(missing)} tensor(s) that "
+            f"{config.architecture} needs: {shown}"
+        )
+    return model.eval()
+
+
+def load_tokenizer(model: Union[str, Path]):
+    """The model's tokenizer via transformers ``AutoTokenizer`` (local files only)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_folder(model)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many types; the user needs the reason
+        raise ConfigError(f"cannot load the tokenizer from {str(path)!r}: {exc}") from exc

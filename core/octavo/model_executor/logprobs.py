@@ -1,0 +1,37 @@
+"""Log-probabilities of sampled tokens and their top alternatives, computed batched in fp32."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from octavo.model_executor.scheduler_output import TokenLogprobs
+
+
+def compute_logprobs(
+    logits: torch.Tensor, sampled: torch.Tensor, num_logprobs: np.ndarray
+) -> list[Optional[TokenLogprobs]]:
+    """For each row of ``logits [S, V]`` whose ``num_logprobs`` is >= 0: the sampled token's
+    logprob and rank and the ``num_logprobs`` most likely tokens (``log_softmax`` in fp32).
+    Rows with ``num_logprobs`` -1 get None."""
+    out: list[Optional[TokenLogprobs]] = [None] * len(num_logprobs)
+    rows = np.flatnonzero(num_logprobs >= 0)
+    if len(rows) == 0:
+        return out
+    index = torch.from_numpy(rows).to(logits.device)
+    logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    chosen = sampled.index_select(0, index).long()
+    chosen_logprobs = logprobs.gather(1, chosen.unsqueeze(1))
+    ranks = (logprobs > chosen_logprobs).sum(dim=1) + 1
+    k = int(num_logprobs[rows].max())
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], chosen[:, None][:, :0])
+    chosen_list, chosen_lp = chosen.tolist(), chosen_logprobs.squeeze(1).tolist()
+    ranks_list, top_ids_list, top_values_list = ranks.tolist(), top_ids.tolist(), top_values.tolist()
+    for i, row in enumerate(rows.tolist()):
+        n = int(num_logprobs[row])
+        out[row] = TokenLogprobs(
+            chosen_list[i], chosen_lp[i], ranks_list[i], top_ids_list[i][:n], top_values_list[i][:n]
+        )
+    return out

@@ -1,0 +1,1 @@
+"""Model building blocks that call the platform's resolved kernels and can be sharded for TP."""

@@ -1,0 +1,166 @@
+"""Linear layers written for tensor parallelism: column- and row-parallel, with per-parameter loaders.
+
+Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that takes the
+full checkpoint tensor, checks its shape, and copies in this rank's slice. With ``TPGroup()``
+(size 1) every slice is the whole tensor; a TP implementation only has to pass a real group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.platform.types import Communicator
+
+
+@dataclasses.dataclass(frozen=True)
+class TPGroup:
+    """This process's place in a tensor-parallel group; ``communicator`` is needed when size > 1."""
+
+    size: int = 1
+    rank: int = 0
+    communicator: Optional[Communicator] = None
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.rank < self.size
+        if self.size > 1 and self.communicator is None:
+            raise ValueError("tensor parallelism with size > 1 needs a communicator")
+
+    def split(self, size: int, what: str) -> int:
+        """This rank's share of ``size`` (which must divide evenly)."""
+        if size % self.size:
+            raise ValueError(f"{what} ({size}) is not divisible by the tensor-parallel size ({self.size})")
+        return size // self.size
+
+
+def check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
+    """Raise ValueError when a checkpoint tensor does not have the shape the config implies."""
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(
+            f"has shape {list(loaded.shape)} but the model config implies {list(expected)}"
+        )
+
+
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+    """Copy a replicated tensor whole (norm weights and the like)."""
+    assert shard_id is None
+    check_shape(loaded, param.shape)
+    param.data.copy_(loaded)
+
+
+def _parameter(shape, dtype, device, loader) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+    param.weight_loader = loader
+    return param
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x W^T + b`` with ``W``'s output rows split across ranks; the output stays split."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+        *,
+        dtype: torch.dtype,
+        device: Union[str, torch.device],
+        tp: TPGroup = TPGroup(),
+    ):
+        super().__init__()
+        self.tp = tp
+        self.input_size = input_size
+        self.output_sizes = tuple(output_sizes)
+        self.shard_sizes = tuple(tp.split(n, "linear output size") for n in self.output_sizes)
+        self.shard_offsets = tuple(sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes)))
+        out = sum(self.shard_sizes)
+        self.weight = _parameter((out, input_size), dtype, device, self.weight_loader)
+        self.bias = _parameter((out,), dtype, device, self.weight_loader) if bias else None
+
+    def _shard_index(self, shard_id) -> int:
+        return 0 if shard_id is None else int(shard_id)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        """Load the full checkpoint tensor of output part ``shard_id`` and keep this rank's rows."""
+        index = self._shard_index(shard_id)
+        full_rows, rows = self.output_sizes[index], self.shard_sizes[index]
+        check_shape(loaded, (full_rows, *param.shape[1:]))
+        mine = loaded.narrow(0, self.tp.rank * rows, rows)
+        param.data.narrow(0, self.shard_offsets[index], rows).copy_(mine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of one input in one matmul (e.g. gate and up).
+
+    Checkpoint tensors load with ``shard_id`` = their index in ``output_sizes``.
+    """
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The fused query/key/value projection; checkpoint tensors load with shard ids q, k, v."""
+
+    SHARD_IDS = {"q": 0, "k": 1, "v": 2}
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        *,
+        dtype: torch.dtype,
+        device: Union[str, torch.device],
+        tp: TPGroup = TPGroup(),
+    ):
+        sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
+        super().__init__(hidden_size, sizes, bias, dtype=dtype, device=device, tp=tp)
+        self.q_size, self.kv_size = self.shard_sizes[0], self.shard_sizes[1]
+
+    def _shard_index(self, shard_id) -> int:
+        return self.SHARD_IDS[shard_id]
+
+    def split_qkv(self, qkv: torch.Tensor):
+        """``[T, q+k+v]`` -> the three views ``q [T, q]``, ``k [T, kv]``, ``v [T, kv]``."""
+        return qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+
+
+class RowParallelLinear(nn.Module):
+    """``y = x W^T + b`` with ``W``'s input columns split across ranks; partial outputs are
+    all-reduced, and the bias is added once, after the reduction."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        *,
+        dtype: torch.dtype,
+        device: Union[str, torch.device],
+        tp: TPGroup = TPGroup(),
+    ):
+        super().__init__()
+        self.tp = tp
+        self.input_size, self.output_size = input_size, output_size
+        self.input_shard = tp.split(input_size, "linear input size")
+        self.weight = _parameter((output_size, self.input_shard), dtype, device, self.weight_loader)
+        self.bias = _parameter((output_size,), dtype, device, default_weight_loader) if bias else None
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        """Load the full checkpoint weight and keep this rank's input columns."""
+        assert shard_id is None
+        check_shape(loaded, (self.output_size, self.input_size))
+        param.data.copy_(loaded.narrow(1, self.tp.rank * self.input_shard, self.input_shard))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        out = self.tp.communicator.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias

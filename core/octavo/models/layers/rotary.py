@@ -1,0 +1,130 @@
+"""Rotary position embeddings (HF ``rotate_half`` layout) and the rope configurations they accept."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional, Union
+
+import torch
+from torch import nn
+
+from octavo.errors import ConfigError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """RoPE base and scaling, normalised from either config format (see :func:`parse_rope_config`)."""
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: Optional[int] = None
+
+
+def parse_rope_config(hf_config: Mapping[str, Any]) -> RopeConfig:
+    """Read RoPE settings from a HF ``config.json`` dict.
+
+    transformers 5 writes ``rope_parameters`` (with ``rope_theta`` inside); 4.x wrote
+    ``rope_theta`` and ``rope_scaling`` (type under ``rope_type`` or the older ``type``). Both are
+    accepted. Scaling types other than linear and llama3 raise :class:`ConfigError`.
+    """
+    params = hf_config.get("rope_parameters")
+    if params is None:
+        params = dict(hf_config.get("rope_scaling") or {})
+        params.setdefault("rope_theta", hf_config.get("rope_theta", 10000.0))
+    elif params and all(isinstance(v, Mapping) for v in params.values()):
+        raise ConfigError("per-layer-type rope_parameters are not supported by the Llama family")
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(
+            f"rope scaling type {rope_type!r} is not supported; supported types: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    theta = float(params.get("rope_theta", hf_config.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return RopeConfig("default", theta)
+    if "factor" not in params:
+        raise ConfigError(f"rope scaling type {rope_type!r} needs a 'factor' in the model config")
+    if rope_type == "linear":
+        return RopeConfig("linear", theta, factor=float(params["factor"]))
+    original = params.get("original_max_position_embeddings")
+    if original is None:
+        raise ConfigError("llama3 rope scaling needs 'original_max_position_embeddings'")
+    return RopeConfig(
+        "llama3",
+        theta,
+        factor=float(params["factor"]),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(original),
+    )
+
+
+def inverse_frequencies(rope: RopeConfig, rotary_dim: int) -> torch.Tensor:
+    """The ``rotary_dim // 2`` inverse frequencies, as transformers computes them (float32)."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        return _llama3_scale(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by ``factor``, short ones kept, a smooth
+    interpolation in between."""
+    old_len = rope.original_max_position_embeddings
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Cos/sin tables for every position below ``max_position``.
+
+    The tables are float32, cast to the activations' dtype per step; :func:`apply_rotary` then
+    computes ``x * cos + rotate_half(x) * sin`` in that dtype: the same arithmetic as
+    transformers, so bfloat16 results agree with it bit for bit.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig, device: Union[str, torch.device]):
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq = inverse_frequencies(rope, head_dim)
+        positions = torch.arange(max_position, dtype=torch.int64).float()
+        freqs = positions[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cache", emb.cos().to(device), persistent=False)
+        self.register_buffer("sin_cache", emb.sin().to(device), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """``(cos, sin)`` of shape ``[T, 1, head_dim]`` in ``dtype``, computed once per step."""
+        cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        return cos, sin
+
+
+def apply_rotary(cos_sin, query: torch.Tensor, key: torch.Tensor, head_dim: int):
+    """Rotate flat ``query [T, heads*head_dim]`` and ``key [T, kv_heads*head_dim]`` by the
+    step's ``(cos, sin)``; returns both as ``[T, heads, head_dim]``."""
+    cos, sin = cos_sin
+    tokens = query.shape[0]
+    q = query.view(tokens, -1, head_dim)
+    k = key.view(tokens, -1, head_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -1,0 +1,173 @@
+"""Random-weight HuggingFace checkpoints of the Llama family, written to a folder with a tokenizer.
+
+Tests build tiny ones in fixtures; benchmarks build ~100M-parameter ones. The folder is an
+ordinary HF model folder (config.json, safetensors, generation_config.json, tokenizer files), so
+transformers and octavo load exactly the same weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+ARCHITECTURE_CONFIGS = {
+    "LlamaForCausalLM": "LlamaConfig",
+    "MistralForCausalLM": "MistralConfig",
+    "Qwen2ForCausalLM": "Qwen2Config",
+    "Qwen3ForCausalLM": "Qwen3Config",
+}
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, bos, eos
+
+_WORDS = (
+    "the a once upon time there was little girl boy named lily tom she he loved to play outside in "
+    "park one day saw big red ball wanted with it but too high mom said and cat dog ran jumped "
+    "happy sad tree house sun sky blue green friend friends toy toys car box water fish bird "
+    "fly sing song eat cake apple good bad very fast slow run around they were went home"
+).split()
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelSpec:
+    """The shape of a random-weight model; defaults make a ~0.2M-parameter Llama."""
+
+    architecture: str = "LlamaForCausalLM"
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: Optional[int] = None  # None: hidden_size // num_attention_heads
+    vocab_size: int = 512
+    max_position_embeddings: int = 512
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict[str, Any]] = None
+    tie_word_embeddings: bool = False
+    sliding_window: Optional[int] = None
+    attention_bias: bool = False  # Llama/Qwen3 option; Qwen2 always has q/k/v biases
+    init_std: float = 0.1  # at 0.02 greedy output repeats one token
+    seed: int = 0
+
+
+def _hf_config(spec: TinyModelSpec):
+    import transformers
+
+    if spec.architecture not in ARCHITECTURE_CONFIGS:
+        raise ValueError(
+            f"no tiny-model recipe for {spec.architecture!r}; choose one of {sorted(ARCHITECTURE_CONFIGS)}"
+        )
+    config_cls = getattr(transformers, ARCHITECTURE_CONFIGS[spec.architecture])
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    if spec.rope_scaling:
+        rope = {**spec.rope_scaling, "rope_theta": spec.rope_theta}
+    kwargs: dict[str, Any] = dict(
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim or spec.hidden_size // spec.num_attention_heads,
+        vocab_size=spec.vocab_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps,
+        rope_parameters=rope,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        initializer_range=spec.init_std,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if spec.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+        kwargs["attention_bias"] = spec.attention_bias
+    if spec.architecture == "MistralForCausalLM":
+        kwargs["sliding_window"] = spec.sliding_window
+    elif spec.architecture.startswith("Qwen") and spec.sliding_window is not None:
+        kwargs.update(use_sliding_window=True, sliding_window=spec.sliding_window, max_window_layers=0)
+    config = config_cls(**kwargs)
+    config.architectures = [spec.architecture]
+    return config
+
+
+@torch.no_grad()
+def _randomize(model: torch.nn.Module, std: float, seed: int) -> None:
+    """Every weight ~ N(0, std); norm weights ~ 1 + N(0, std); biases ~ N(0, std)."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+        if name.endswith("norm.weight"):
+            noise += 1.0
+        param.copy_(noise.to(param.dtype))
+
+
+def _corpus(num_sentences: int = 400, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) + "." for _ in range(num_sentences)]
+
+
+def build_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens (ids 0/1/2 = unk/bos/eos).
+
+    Trained on a small generated corpus, then padded with filler tokens so that every id a
+    random model can emit decodes to something.
+    """
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    base = len(SPECIAL_TOKENS) + 256
+    if vocab_size < base:
+        raise ValueError(f"vocab_size must be >= {base} for a byte-level tokenizer, got {vocab_size}")
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(vocab_size, base + 200),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    state = json.loads(tokenizer.to_str())
+    vocab = state["model"]["vocab"]
+    for filler in range(len(vocab), vocab_size):
+        vocab[f"<x{filler}>"] = filler
+    tokenizer = Tokenizer.from_str(json.dumps(state))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>"
+    )
+
+
+def write_tiny_model(
+    folder: Union[str, Path],
+    spec: TinyModelSpec = TinyModelSpec(),
+    *,
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: Optional[str] = None,
+) -> Path:
+    """Write a random-weight HF checkpoint of ``spec`` (weights stored in ``dtype``) into ``folder``.
+
+    ``max_shard_size`` (e.g. ``"100KB"``) splits the weights into a sharded
+    ``model.safetensors.index.json`` checkpoint. Returns the folder.
+    """
+    import transformers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = _hf_config(spec)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize(model, spec.init_std, spec.seed)
+    model = model.to(dtype)
+    model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(folder, **save_kwargs)
+    build_tokenizer(spec.vocab_size).save_pretrained(folder)
+    return folder

@@ -1,0 +1,35 @@
+"""The tiny models and prompts the model tests share."""
+
+from __future__ import annotations
+
+import random
+
+from octavo.testing.tiny_models import TinyModelSpec
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+}
+
+# One tiny model per architecture, each also exercising a feature of its family.
+TINY_SPECS = {
+    "LlamaForCausalLM": TinyModelSpec("LlamaForCausalLM", rope_scaling=LLAMA3_ROPE, seed=1),
+    "MistralForCausalLM": TinyModelSpec("MistralForCausalLM", sliding_window=24, seed=2),
+    "Qwen2ForCausalLM": TinyModelSpec("Qwen2ForCausalLM", tie_word_embeddings=True, seed=3),
+    "Qwen3ForCausalLM": TinyModelSpec("Qwen3ForCausalLM", head_dim=32, seed=4),
+}
+ARCHITECTURES = tuple(TINY_SPECS)
+
+
+def make_prompts(lengths, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """BOS followed by random token ids, one prompt per length."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, vocab_size) for _ in range(n - 1)] for n in lengths]
+
+
+PROMPTS = make_prompts((1, 6, 19, 40), 512)
+
+
+def blocks_needed(prompts, max_tokens: int, block_size: int) -> int:
+    """Enough KV blocks for every prompt plus its output, with some to spare."""
+    return sum(-(-(len(p) + max_tokens) // block_size) for p in prompts) + 4
