@@ -1,4 +1,5 @@
-"""Hook implementations of the cpu platform."""
+"""Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
+``attention``, ``rms_norm``, ``sampler`` and ``token_bitmask`` (this module only wires them)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,17 @@ import psutil
 import torch
 
 from octavo import hookimpl
-from octavo.ops import reference
-from octavo.platform.types import (
-    AttentionBackend,
-    Capabilities,
-    MemoryInfo,
-    PlatformInfo,
-)
+from octavo.platform.types import Capabilities, MemoryInfo, PlatformInfo
+from octavo_cpu.attention import CpuAttentionBackend
+from octavo_cpu.rms_norm import make_rms_norm
+from octavo_cpu.sampler import sample
+from octavo_cpu.token_bitmask import make_apply_token_bitmask
 
 NAME = "cpu"
 
 
 def _mine(platform: PlatformInfo) -> bool:
     return platform.name == NAME
-
-
-class CpuAttentionBackend(AttentionBackend):
-    """Paged attention on the host CPU."""
-
-    name = "cpu"
-
-    def forward(self, query, key, value, kv_cache, metadata):
-        return reference.paged_attention(
-            query, key, value, kv_cache, metadata, self.spec.scale, self.spec.sliding_window
-        )
 
 
 @hookimpl
@@ -77,19 +65,16 @@ def octavo_attention_backend(platform, spec):
 @hookimpl
 def octavo_rms_norm(platform, hidden_size, eps, dtype):
     if _mine(platform):
-        def rms_norm(x, weight, residual=None):
-            return reference.rms_norm(x, weight, eps, residual)
-
-        return rms_norm
+        return make_rms_norm(hidden_size, eps, dtype)
 
 
 @hookimpl
 def octavo_sampler(platform, vocab_size):
     if _mine(platform):
-        return reference.sample
+        return sample
 
 
 @hookimpl
 def octavo_apply_token_bitmask(platform):
     if _mine(platform):
-        return reference.apply_token_bitmask
+        return make_apply_token_bitmask()

@@ -45,7 +45,10 @@ def make_spec(dtype, block_size, num_heads=4, num_kv_heads=2, head_dim=32, slidi
 def check(results, dtype, label):
     for result in results:
         tolerances.assert_close(
-            result.actual, result.expected, tolerances.ATTENTION[dtype], f"{label}, {result.description}"
+            result.actual,
+            result.expected,
+            tolerances.ATTENTION[dtype],
+            f"{label}, {result.description}",
         )
 
 

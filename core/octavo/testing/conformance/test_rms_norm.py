@@ -14,7 +14,8 @@ from octavo.testing.conformance import tolerances
 SHAPES = ((0, 64, 1e-5), (1, 64, 1e-6), (13, 200, 1e-5), (5, 768, 1e-6))
 
 
-def make_inputs(num_tokens, hidden_size, dtype, device, seed, scale=1.0):
+def make_inputs(num_tokens, hidden_size, dtype, seed, scale=1.0):
+    """Host tensors ``x``, ``residual`` and a non-trivial ``weight`` in ``dtype``."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, hidden_size, generator=generator) * scale
     residual = torch.randn(num_tokens, hidden_size, generator=generator) * scale
@@ -28,9 +29,9 @@ def test_rms_norm(octavo_platform, octavo_device, dtype, shape):
     """``rms_norm(x) * weight``; ``x`` is left as it was."""
     tolerances.require_dtype(octavo_platform, dtype)
     num_tokens, hidden_size, eps = shape
-    x, _, weight = make_inputs(num_tokens, hidden_size, dtype, octavo_device, seed=hidden_size)
+    x, _, weight = make_inputs(num_tokens, hidden_size, dtype, seed=hidden_size)
     fn = octavo_platform.rms_norm(hidden_size, eps, dtype)
-    x_dev = x.to(octavo_device)
+    x_dev = x.to(octavo_device, copy=True)
     out = fn(x_dev, weight.to(octavo_device))
     assert out.dtype == dtype and out.shape == x.shape
     tolerances.assert_close(out, reference.rms_norm(x, weight, eps), tolerances.RMS_NORM[dtype],
@@ -48,10 +49,10 @@ def test_fused_residual_add(octavo_platform, octavo_device, dtype, shape):
     """
     tolerances.require_dtype(octavo_platform, dtype)
     num_tokens, hidden_size, eps = shape
-    x, residual, weight = make_inputs(num_tokens, hidden_size, dtype, octavo_device, seed=1)
-    fn = octavo_platform.rms_norm(hidden_size, eps, dtype)
-    out, new_residual = fn(x.to(octavo_device), weight.to(octavo_device), residual.to(octavo_device))
+    x, residual, weight = make_inputs(num_tokens, hidden_size, dtype, seed=1)
     expected, expected_residual = reference.rms_norm(x, weight, eps, residual)
+    fn = octavo_platform.rms_norm(hidden_size, eps, dtype)
+    out, new_residual = fn(*(t.to(octavo_device) for t in (x, weight, residual)))
     tol = tolerances.RMS_NORM[dtype]
     tolerances.assert_close(out, expected, tol, f"fused rms_norm {dtype} {shape}")
     tolerances.assert_close(new_residual, expected_residual, tol, f"fused residual {dtype} {shape}")
@@ -61,7 +62,7 @@ def test_fused_residual_add(octavo_platform, octavo_device, dtype, shape):
 def test_eps_matters_for_small_inputs(octavo_platform, octavo_device, dtype):
     """Inputs near 1e-3 make ``eps`` dominate the mean square: it must be the one asked for."""
     tolerances.require_dtype(octavo_platform, dtype)
-    x, residual, weight = make_inputs(6, 64, dtype, octavo_device, seed=2, scale=1e-3)
+    x, residual, weight = make_inputs(6, 64, dtype, seed=2, scale=1e-3)
     fn = octavo_platform.rms_norm(64, 1e-5, dtype)
     out = fn(x.to(octavo_device), weight.to(octavo_device))
     tolerances.assert_close(out, reference.rms_norm(x, weight, 1e-5), tolerances.RMS_NORM[dtype],

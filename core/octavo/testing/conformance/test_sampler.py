@@ -34,7 +34,8 @@ def test_greedy_is_argmax(octavo_platform, octavo_device):
     logits = spaced_logits(5, VOCAB, seed=0)
     logits[3, 17] = logits[3, 200] = logits[3].max() + 1.0  # a tie: token 17 must win
     params = [row_params(row, RowSpec(0.0)) for row in logits]
-    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device))
+    metadata = make_metadata(params, octavo_device)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata)
     assert tokens.dtype == torch.int64 and tokens.shape == (5,)
     assert tokens.cpu().tolist() == logits.argmax(-1).tolist()
     assert tokens[3].item() == 17
@@ -47,7 +48,8 @@ def test_greedy_rows_in_a_mixed_batch(octavo_platform, octavo_device):
     specs = [RowSpec(0.0), RowSpec(1.0, keep_top_k=5), RowSpec(0.0), RowSpec(0.8, keep_top_p=4),
              RowSpec(1.2, keep_min_p=3), RowSpec(0.0)]
     params = [row_params(row, spec) for row, spec in zip(logits, specs)]
-    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device)).cpu()
+    metadata = make_metadata(params, octavo_device)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
     for row in (0, 2, 5):
         assert tokens[row].item() == logits[row].argmax().item(), f"greedy row {row}"
 
@@ -67,13 +69,15 @@ def test_random_rows_stay_in_the_allowed_set(octavo_platform, octavo_device):
     logits = spaced_logits(len(specs), VOCAB, seed=2).repeat_interleave(copies, 0)
     params = [row_params(row, specs[i // copies]) for i, row in enumerate(logits)]
     torch.manual_seed(0)
-    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device)).cpu()
+    metadata = make_metadata(params, octavo_device)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
     assert tokens.shape == (len(logits),) and tokens.dtype == torch.int64
     off_greedy = 0
     for i, (row, p) in enumerate(zip(logits, params)):
         token = tokens[i].item()
         assert token in allowed_tokens(row, p.num_allowed), (
-            f"row {i} ({specs[i // copies]}) drew token {token}, outside its {p.num_allowed} allowed"
+            f"row {i} ({specs[i // copies]}) drew token {token}, "
+            f"outside its {p.num_allowed} allowed"
         )
         off_greedy += token != row.argmax().item()
     assert off_greedy > len(logits) // 4, "random rows nearly always drew the argmax"
@@ -86,7 +90,8 @@ def test_top_k_beyond_vocab_means_all_tokens(octavo_platform, octavo_device):
     params = [row_params(row, RowSpec(5.0)) for row in logits]
     params = [dataclasses.replace(p, top_k=VOCAB + 5) for p in params]
     torch.manual_seed(1)
-    tokens = sampler(logits.to(octavo_device), make_metadata(params, octavo_device)).cpu()
+    metadata = make_metadata(params, octavo_device)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
     assert ((tokens >= 0) & (tokens < VOCAB)).all()
     assert len(set(tokens.tolist())) > 8
 
@@ -116,7 +121,9 @@ def test_seeded_rows_do_not_depend_on_the_batch(octavo_platform, octavo_device):
     assert other[0].tolist() != first[0].tolist(), "seeds 7 and 8 drew the same six tokens"
 
 
-def test_draws_follow_the_filtered_softmax(octavo_platform, octavo_device, octavo_conformance_quick):
+def test_draws_follow_the_filtered_softmax(
+    octavo_platform, octavo_device, octavo_conformance_quick
+):
     """Empirical frequencies over many draws match softmax(logits / T) over the allowed set."""
     vocab = 10
     sampler = octavo_platform.sampler(vocab)
@@ -130,7 +137,8 @@ def test_draws_follow_the_filtered_softmax(octavo_platform, octavo_device, octav
     params = [row_params(rows[i], spec) for i, spec in enumerate(specs)]
     metadata = make_metadata([p for p in params for _ in range(draws)], octavo_device)
     torch.manual_seed(2)
-    tokens = sampler(logits.to(octavo_device), metadata).cpu().view(len(specs), draws)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
+    tokens = tokens.view(len(specs), draws)
     for i, (row, p) in enumerate(zip(rows, params)):
         expected = expected_probs(row, p)
         observed = torch.bincount(tokens[i], minlength=vocab).double() / draws

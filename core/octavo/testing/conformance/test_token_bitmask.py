@@ -44,5 +44,6 @@ def test_bitmask_with_indices(octavo_platform, octavo_device, vocab):
     reference.apply_token_bitmask(expected, bitmask, indices)
     assert torch.equal(expected[[1, 3, 5]], logits[[1, 3, 5]])
     actual = logits.to(octavo_device)
-    octavo_platform.apply_token_bitmask()(actual, bitmask.to(octavo_device), indices.to(octavo_device))
+    apply = octavo_platform.apply_token_bitmask()
+    apply(actual, bitmask.to(octavo_device), indices.to(octavo_device))
     assert torch.equal(actual.cpu(), expected)

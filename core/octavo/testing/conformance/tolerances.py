@@ -53,7 +53,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, w
     """Compare on the host in float32, with a message naming the case and the worst element."""
     actual = actual.detach().float().cpu()
     expected = expected.detach().float().cpu()
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    )
     torch.testing.assert_close(
         actual, expected, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{what}: {m}"
     )

@@ -1,0 +1,123 @@
+"""The test of the test: the conformance suite passes for cpu and fails when a kernel is wrong.
+
+Each perturbation is a small kernel pack (a ``tryfirst`` plugin answering for ``cpu``) loaded
+with ``--octavo-plugin``, exactly as a vendor's kernel pack would be checked. The suite runs
+in-process through pytest's ``pytester``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+# kind -> (suite module that must catch it, the plugin's source, the suite test that does)
+PERTURBATIONS = {
+    "attention": (
+        "test_attention",
+        """
+import dataclasses
+from octavo import hookimpl
+from octavo_cpu.attention import CpuAttentionBackend
+
+@hookimpl(tryfirst=True)
+def octavo_attention_backend(platform, spec):
+    # A scale off by 0.1%: only float32 budgets are tight enough to see it.
+    if platform.name == "cpu":
+        return CpuAttentionBackend(dataclasses.replace(spec, scale=spec.scale * 1.001))
+""",
+        "test_mixed_prefill_and_decode",
+    ),
+    "rms_norm": (
+        "test_rms_norm",
+        """
+from octavo import hookimpl
+from octavo_cpu.rms_norm import make_rms_norm
+
+@hookimpl(tryfirst=True)
+def octavo_rms_norm(platform, hidden_size, eps, dtype):
+    # Ignores eps: invisible for unit-scale inputs, wrong for small ones.
+    if platform.name == "cpu":
+        return make_rms_norm(hidden_size, 0.0, dtype)
+""",
+        "test_eps_matters_for_small_inputs",
+    ),
+    "sampler": (
+        "test_sampler",
+        """
+import dataclasses
+from octavo import hookimpl
+from octavo_cpu.sampler import sample
+
+def sample_one_too_many(logits, metadata):
+    # top-k off by one: keeps k + 1 tokens.
+    top_k = metadata.top_k + (metadata.top_k > 0).to(metadata.top_k.dtype)
+    return sample(logits, dataclasses.replace(metadata, top_k=top_k))
+
+@hookimpl(tryfirst=True)
+def octavo_sampler(platform, vocab_size):
+    if platform.name == "cpu":
+        return sample_one_too_many
+""",
+        "test_random_rows_stay_in_the_allowed_set",
+    ),
+    "token_bitmask": (
+        "test_token_bitmask",
+        """
+from octavo import hookimpl
+from octavo_cpu.token_bitmask import torch_apply_token_bitmask
+
+def ignore_indices(logits, bitmask, indices=None):
+    torch_apply_token_bitmask(logits, bitmask)
+
+@hookimpl(tryfirst=True)
+def octavo_apply_token_bitmask(platform):
+    if platform.name == "cpu":
+        return ignore_indices
+""",
+        "test_bitmask_with_indices",
+    ),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugins_imported_once():
+    """Import out here every plugin and whatever the suite imports lazily (torch.testing pulls
+    in torch.distributed): pytester unloads modules first imported inside a run, and modules
+    that register native operators (torch.distributed, triton, jax) break when imported twice
+    in one process."""
+    import torch
+
+    from octavo.platform import Platform
+
+    platform = Platform.select("cpu")
+    platform.apply_token_bitmask()
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+
+
+def run_suite(pytester: pytest.Pytester, target: str, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(
+        "--pyargs", target, "--octavo-platform", "cpu", "-p", "no:cacheprovider", "-q", "-rf",
+        *args,
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(PERTURBATIONS))
+def test_suite_fails_for_a_perturbed_kernel(pytester: pytest.Pytester, kind: str):
+    module, source, must_fail = PERTURBATIONS[kind]
+    pytester.makepyfile(**{f"perturbed_{kind}": source})
+    pytester.syspathinsert()
+    # -x: the first failure is enough, and keeps this test quick.
+    result = run_suite(
+        pytester, f"octavo.testing.conformance.{module}", "-x",
+        "--octavo-plugin", f"perturbed_{kind}",
+    )
+    assert result.parseoutcomes().get("failed", 0) == 1, result.stdout.str()
+    result.stdout.fnmatch_lines([f"FAILED *::{must_fail}*"])
+
+
+@pytest.mark.slow
+def test_suite_passes_for_cpu(pytester: pytest.Pytester):
+    result = run_suite(pytester, "octavo.testing.conformance")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) > 40, result.stdout.str()
