@@ -140,6 +140,8 @@ class Driver:
         while any(not r.finished for r in self.requests):
             assert self.step_index < max_steps
             self.step(chunk_size)
+        if self.finished_ids:
+            self.step()  # tell the runner about the last finished requests
         return self.outputs()
 
     def outputs(self) -> list[list[int]]:
