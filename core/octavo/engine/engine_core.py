@@ -1,0 +1,138 @@
+"""EngineCore: schedule -> execute -> update, one step at a time, on one platform."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Iterable, Optional
+
+from octavo.config import EngineArgs
+from octavo.engine.logprobs import StepLogprobs
+from octavo.engine.output_processor import EngineCoreOutput
+from octavo.engine.scheduler import Scheduler
+from octavo.kv_cache.manager import KVCacheManager
+from octavo.kv_cache.sizing import KVCacheSizing, plan_kv_cache
+from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.model_executor.scheduler_output import ModelRunnerOutput, TokenLogprobs
+from octavo.platform.facade import Platform
+from octavo.request import Request, RequestStatus
+from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _step_logprobs(entry: Optional[TokenLogprobs]) -> Optional[StepLogprobs]:
+    if entry is None:
+        return None
+    return StepLogprobs(
+        token_ids=[[entry.token_id, *entry.top_token_ids]],
+        logprobs=[[entry.logprob, *entry.top_logprobs]],
+        ranks=[entry.rank],
+    )
+
+
+class EngineCore:
+    """Owns the platform, the model runner, the KV cache manager and the scheduler."""
+
+    def __init__(self, args: EngineArgs, platform: Optional[Platform] = None):
+        if args.model is None:
+            raise ValueError("no model given: pass the path of a local HuggingFace model folder")
+        self.platform = platform if platform is not None else Platform.select(args.device)
+        overrides = self.platform.configure(args)
+        self.args = dataclasses.replace(args, **overrides) if overrides else args
+        self.model_config = ModelConfig.from_folder(
+            self.args.model,
+            dtype=self.args.dtype,
+            supported_dtypes=self.platform.capabilities.dtypes,
+            platform_name=self.platform.name,
+            max_model_len=self.args.max_model_len,
+        )
+        max_model_len = self.model_config.max_model_len
+        self.scheduler_config = self.args.scheduler_config(max_model_len)
+        if not self.scheduler_config.enable_chunked_prefill and self.args.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"with chunked prefill off, max_num_batched_tokens ({self.args.max_num_batched_tokens}) must be "
+                f">= max_model_len ({max_model_len}) so any prompt fits one step; raise it or lower --max-model-len"
+            )
+        runner_config = RunnerConfig(
+            block_size=self.args.block_size,
+            max_num_seqs=self.args.max_num_seqs,
+            max_num_batched_tokens=self.args.max_num_batched_tokens,
+        )
+        self.runner = ModelRunner(self.model_config, self.platform, runner_config)
+        self.sizing = self._plan_kv_cache()
+        num_host_blocks = self.sizing.num_host_blocks if self.args.preemption_mode == "swap" else 0
+        self.runner.initialize_kv_cache(self.sizing.num_gpu_blocks, num_host_blocks)
+        self.kv_cache_manager = KVCacheManager(
+            self.sizing.num_gpu_blocks,
+            self.sizing.block_size,
+            enable_caching=self.args.enable_prefix_caching,
+            hash_algo=self.args.prefix_caching_hash_algo,
+            num_host_blocks=num_host_blocks,
+        )
+        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
+
+    def _plan_kv_cache(self) -> KVCacheSizing:
+        profile = self.runner.profile_run()
+        model_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+        mc = self.model_config
+        sizing = plan_kv_cache(
+            self.args.cache_config,
+            self.platform.capabilities,
+            self.platform.memory_info(self.runner.device),
+            model_memory=model_bytes + profile.peak_activation_bytes,
+            num_layers=mc.num_hidden_layers,
+            num_kv_heads=mc.num_key_value_heads,
+            head_dim=mc.head_dim,
+            dtype=mc.dtype,
+            max_model_len=mc.max_model_len,
+        )
+        logger.info("KV cache: %d blocks of %d tokens (%d host blocks)", sizing.num_gpu_blocks, sizing.block_size, sizing.num_host_blocks)
+        return sizing
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def make_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs
+    ) -> Request:
+        """A Request hashed for this engine's prefix cache, after checking it fits the model."""
+        max_model_len = self.model_config.max_model_len
+        if len(prompt_token_ids) >= max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_token_ids)} tokens but the model's context is {max_model_len} "
+                f"tokens (including at least one output token); shorten the prompt"
+            )
+        vocab_size = self.model_config.vocab_size
+        if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab_size}) for this model")
+        return Request(request_id, prompt_token_ids, params, block_hasher=self.kv_cache_manager.block_hasher, **kwargs)
+
+    def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:
+        self.scheduler.add_request(request, fork_group)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        self.scheduler.finish_requests(request_ids, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule, execute and update once; return each request's new tokens."""
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.total_num_scheduled_tokens == 0 and not scheduler_output.finished_req_ids:
+            return []
+        runner_output = self.runner.execute_model(scheduler_output)
+        return self._update(runner_output)
+
+    def _update(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        sampled: dict[str, list[int]] = {}
+        outputs = []
+        for req_id, token_ids, logprobs in zip(runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs):
+            if token_ids:
+                sampled[req_id] = token_ids
+                outputs.append(EngineCoreOutput(req_id, token_ids, _step_logprobs(logprobs)))
+        self.scheduler.update_from_output(sampled)
+        return outputs

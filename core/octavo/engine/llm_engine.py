@@ -1,0 +1,100 @@
+"""LLMEngine: the synchronous engine: tokenise, add requests, step, and build RequestOutputs."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Optional, Union
+
+from octavo.config import EngineArgs
+from octavo.engine.engine_core import EngineCore
+from octavo.engine.output_processor import OutputProcessor
+from octavo.model_executor.loader import load_tokenizer
+from octavo.outputs import RequestOutput
+from octavo.platform.facade import Platform
+from octavo.request import RequestStatus
+from octavo.sampling_params import SamplingParams
+
+PromptType = Union[str, list[int], dict]
+
+
+class LLMEngine:
+    """An engine core plus its tokenizer and output processor, driven by ``step()``."""
+
+    def __init__(self, args: EngineArgs, platform: Optional[Platform] = None):
+        self.core = EngineCore(args, platform)
+        self.args = self.core.args
+        self.model_config = self.core.model_config
+        self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
+        eos = self.model_config.eos_token_ids[0] if self.model_config.eos_token_ids else self.tokenizer.eos_token_id
+        self.output_processor = OutputProcessor(self.tokenizer, eos, self.model_config.max_model_len)
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        return cls(args)
+
+    def next_request_id(self) -> str:
+        return str(next(self._ids))
+
+    def tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        """``prompt`` as (text, token ids): a string, a list of token ids, or
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty; give at least one token of text")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if not prompt:
+                raise ValueError("the prompt is empty; give at least one token id")
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be text, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; got {type(prompt).__name__}")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        arrival_time: Optional[float] = None,
+    ) -> None:
+        """Validate and queue one user request (its ``n`` samples fork one prompt)."""
+        text, token_ids = self.tokenize(prompt)
+        requests = []
+        children = self.output_processor.add_request(request_id, token_ids, params, prompt=text, arrival_time=arrival_time)
+        try:
+            for child in children:
+                requests.append(
+                    self.core.make_request(
+                        child.request_id, token_ids, child.sampling_params,
+                        priority=priority, cache_salt=cache_salt, arrival_time=arrival_time,
+                    )
+                )
+        except ValueError:
+            self.output_processor.abort_requests([request_id])
+            raise
+        fork_group = request_id if len(children) > 1 else None
+        for request in requests:
+            self.core.add_request(request, fork_group)
+
+    def abort_request(self, request_ids: Union[str, Iterable[str]]) -> list[RequestOutput]:
+        """Abort user requests; returns their final outputs (finish_reason "abort")."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        processed = self.output_processor.abort_requests(ids)
+        self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_ABORTED)
+        return processed.request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the outputs of the requests it advanced."""
+        processed = self.output_processor.process_outputs(self.core.step())
+        if processed.reqs_to_abort:
+            self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        return processed.request_outputs

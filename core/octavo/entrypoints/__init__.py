@@ -1,0 +1,1 @@
+"""User entry points: the offline ``LLM`` class (and later the server)."""

@@ -1,0 +1,112 @@
+"""The offline API: ``LLM(model).generate(prompts, SamplingParams(...))``, ``chat``, ``beam_search``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from octavo.config import EngineArgs
+from octavo.engine.llm_engine import LLMEngine, PromptType
+from octavo.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_one
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    """Generate offline with continuous batching over a local HuggingFace model folder.
+
+    Keyword arguments are vLLM's engine arguments (``max_num_seqs``, ``block_size``,
+    ``enable_prefix_caching``, ``kv_cache_memory``, ``preemption_mode``, ...).
+    """
+
+    def __init__(self, model: str, **engine_args: Any):
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Optional[Sequence[int]] = None,
+    ) -> list[RequestOutput]:
+        """Complete every prompt (text, token ids, or dicts); outputs come back in prompt order."""
+        prompts = self._as_list(prompts)
+        params_list = self._params_list(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts; give one per prompt")
+        request_ids = []
+        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+            request_id = self.engine.next_request_id()
+            params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+            self.engine.add_request(request_id, prompt, params, priority=0 if priority is None else priority[i])
+            request_ids.append(request_id)
+        return self._run(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Union[list[dict], list[list[dict]]],
+        sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
+        *,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: Optional[str] = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, rendered with the tokenizer's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.engine.tokenizer
+        prompts = []
+        for conversation in conversations:
+            if not conversation:
+                raise ValueError("messages is empty; give at least one message")
+            try:
+                ids = tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template, tokenize=True
+                )
+            except ValueError as exc:
+                raise ValueError(f"cannot render the chat template: {exc}") from exc
+            prompts.append({"prompt_token_ids": list(ids["input_ids"] if isinstance(ids, dict) else ids)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(
+        self, prompts: Union[PromptType, Sequence[PromptType]], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """The ``params.beam_width`` best continuations of each prompt (deterministic)."""
+        return [beam_search_one(self, self.engine.tokenize(p)[1], params) for p in self._as_list(prompts)]
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[request_id] for request_id in request_ids]
+
+    @staticmethod
+    def _as_list(prompts) -> list:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(t, int) for t in prompts):
+            return [prompts]  # one prompt of token ids
+        if not prompts:
+            raise ValueError("no prompts given")
+        return prompts
+
+    @staticmethod
+    def _params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * num_prompts
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        params = list(sampling_params)
+        if len(params) != num_prompts:
+            raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts; give one, or one per prompt")
+        return params

@@ -1,0 +1,73 @@
+"""Invariance: a request's greedy tokens do not depend on what it is batched with, on prefix
+caching, on the chunked-prefill budget, or on being preempted (recompute or swap)."""
+
+from __future__ import annotations
+
+import pytest
+
+from octavo import SamplingParams
+
+from conftest import generate_ids, make_llm, shared_prefix_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+NUM_REQUESTS = 64
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return shared_prefix_prompts(NUM_REQUESTS, seed=3)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model, prompts) -> list[list[int]]:
+    """Each request run by itself, in an engine with nothing else to do."""
+    llm = make_llm(tiny_model, enable_prefix_caching=False)
+    return [generate_ids(llm, [p], GREEDY)[0] for p in prompts]
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        dict(enable_prefix_caching=True, max_num_batched_tokens=16),
+        dict(enable_prefix_caching=True, max_num_batched_tokens=64),
+        dict(enable_prefix_caching=True, max_num_batched_tokens=2048),
+        dict(enable_prefix_caching=False, max_num_batched_tokens=64),
+        dict(enable_prefix_caching=False, max_num_batched_tokens=2048, enable_chunked_prefill=False),
+        dict(enable_prefix_caching=True, block_size=1, max_num_batched_tokens=64),
+    ],
+    ids=["cache-16", "cache-64", "cache-2048", "nocache-64", "nocache-nochunk", "cache-bs1"],
+)
+def test_batched_requests_match_their_alone_runs(tiny_model, prompts, alone, engine_args):
+    llm = make_llm(tiny_model, **engine_args)
+    assert generate_ids(llm, prompts, GREEDY) == alone
+    if engine_args["enable_prefix_caching"]:
+        assert llm.engine.core.kv_cache_manager.prefix_cache_hits > 0
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_preempted_requests_finish_with_their_alone_tokens(tiny_model, prompts, alone, preemption_mode, enable_prefix_caching):
+    # 24 blocks of 16 tokens: room for about 5 of the 64 requests at once.
+    llm = make_llm(
+        tiny_model, kv_cache_memory=24 * 8192, preemption_mode=preemption_mode, swap_space=0.01,
+        enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=256,
+    )
+    assert llm.engine.core.kv_cache_manager.block_pool.num_blocks == 24
+    assert generate_ids(llm, prompts, GREEDY) == alone
+    stats = llm.engine.core.scheduler.stats
+    assert stats.num_preempted_total > 10
+    if preemption_mode == "swap":
+        assert stats.num_swapped_out_total > 10
+
+
+def test_stories260k_invariance_under_batching_and_preemption(stories260k_path):
+    tokenizer_llm = make_llm(stories260k_path, enable_prefix_caching=False)
+    texts = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a boy named Tim"] * 4
+    prompts = [tokenizer_llm.get_tokenizer().encode(t) + [i + 3] for i, t in enumerate(texts)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    alone = [generate_ids(tokenizer_llm, [p], params)[0] for p in prompts]
+    for mode in ("recompute", "swap"):
+        # stories260K: 5 layers x 4 kv heads x 8 dims -> 20 KiB per 16-token block; 40 blocks.
+        llm = make_llm(stories260k_path, kv_cache_memory=40 * 20480, preemption_mode=mode, swap_space=0.01, max_num_batched_tokens=64)
+        assert generate_ids(llm, prompts, params) == alone
+        assert llm.engine.core.scheduler.stats.num_preempted_total > 0
