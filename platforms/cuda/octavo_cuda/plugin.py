@@ -64,7 +64,7 @@ def octavo_platform_capabilities(platform):
         emulated = _emulated(platform)
         return Capabilities(
             dtypes=(torch.float32, torch.float16, torch.bfloat16),
-            block_sizes=(8, 16, 32, 64, 128),
+            block_sizes=(1, 8, 16, 32, 64, 128),
             supports_fp8=False,
             supports_graphs=not emulated,
             dist_backend="gloo" if emulated else "nccl",

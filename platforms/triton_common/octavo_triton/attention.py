@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import triton
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata, AttentionSpec
 from octavo_triton.attention_kernels import unified_attention_kernel, write_kv_kernel
@@ -16,7 +17,10 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    tokens_per_program: int = 1,
+) -> None:
     """Store the new tokens' K/V at ``slot_mapping`` (``-1`` skips) in the default layout."""
     num_slots = slot_mapping.shape[0]
     if num_slots == 0:
@@ -24,14 +28,14 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     key, value = _unit_last(key), _unit_last(value)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    write_kv_kernel[(num_slots,)](
-        key, value, k_cache, v_cache, slot_mapping,
+    write_kv_kernel[(triton.cdiv(num_slots, tokens_per_program),)](
+        key, value, k_cache, v_cache, slot_mapping, num_slots,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         HEADS_PAD=next_power_of_2(num_kv_heads), HEAD_DIM_PAD=next_power_of_2(head_dim),
-        EMULATE_BF16=key.dtype != kv_cache.dtype and upcast_loads(kv_cache.dtype),
+        BLOCK_T=tokens_per_program, EMULATE_BF16=key.dtype != kv_cache.dtype and upcast_loads(kv_cache.dtype),
     )
 
 
@@ -50,7 +54,7 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(
                 f"num_heads ({spec.num_heads}) must be a multiple of num_kv_heads ({spec.num_kv_heads})"
             )
-        self.tuning = tuning
+        self.tuning = tuning = tuning.for_interpreter() if interpreting() else tuning
         self.gqa = spec.num_heads // spec.num_kv_heads
         self.block_m = max(tuning.block_m, next_power_of_2(self.gqa))
         self.block_q = self.block_m // self.gqa
@@ -66,7 +70,7 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Write the new K/V through ``slot_mapping``, then attend through ``block_table``."""
-        write_kv(key, value, kv_cache, metadata.slot_mapping)
+        write_kv(key, value, kv_cache, metadata.slot_mapping, self.tuning.kv_write_tokens)
         out = torch.zeros_like(query)
         num_reqs = metadata.num_reqs
         if num_reqs == 0 or query.shape[0] == 0:
@@ -75,12 +79,28 @@ class TritonAttentionBackend(AttentionBackend):
         self._launch(out, query, kv_cache, metadata, num_reqs)
         return out
 
+    def kernel_constexprs(self, query_dtype: torch.dtype, kv_dtype: torch.dtype, block_size: int) -> dict:
+        """The attention kernel's compile-time arguments for these dtypes (also what the
+        compilation checks build)."""
+        upcast = upcast_loads(query_dtype) or upcast_loads(kv_dtype) or query_dtype != kv_dtype
+        pv_precision = self.tuning.pv_precision
+        if pv_precision == "low" and (upcast or kv_dtype not in _LOW_PRECISION):
+            pv_precision = "ieee"
+        return dict(
+            GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=block_size,
+            HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+            BLOCK_M=self.block_m, BLOCK_Q=self.block_q, TILE_N=self.tuning.tile_n,
+            UPCAST=upcast, PV_PRECISION=pv_precision,
+        )
+
+    def launch_options(self) -> dict:
+        """``num_warps`` and ``num_stages`` on a GPU; nothing under the interpreter."""
+        if interpreting():
+            return {}
+        return {"num_warps": self.tuning.num_warps, "num_stages": self.tuning.num_stages}
+
     def _launch(self, out, query, kv_cache, metadata: AttentionMetadata, num_reqs: int) -> None:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        upcast = upcast_loads(query.dtype) or upcast_loads(kv_cache.dtype) or query.dtype != kv_cache.dtype
-        pv_precision = self.tuning.pv_precision
-        if pv_precision == "low" and (upcast or kv_cache.dtype not in _LOW_PRECISION):
-            pv_precision = "ieee"
         block_table = metadata.block_table
         grid = (query.shape[0] // self.block_q + num_reqs, self.spec.num_kv_heads)
         unified_attention_kernel[grid](
@@ -90,9 +110,6 @@ class TritonAttentionBackend(AttentionBackend):
             query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=k_cache.shape[1],
-            HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-            BLOCK_M=self.block_m, BLOCK_Q=self.block_q, TILE_N=self.tuning.tile_n,
-            UPCAST=upcast, PV_PRECISION=pv_precision,
-            **({} if interpreting() else {"num_warps": self.tuning.num_warps, "num_stages": self.tuning.num_stages}),
+            **self.kernel_constexprs(query.dtype, kv_cache.dtype, k_cache.shape[1]),
+            **self.launch_options(),
         )

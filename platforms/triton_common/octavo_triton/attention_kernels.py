@@ -16,36 +16,40 @@ from octavo_triton.numerics import narrow
 
 @triton.jit
 def write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, num_slots,
     stride_key_tok, stride_key_head, stride_value_tok, stride_value_head,
     stride_kc_block, stride_kc_slot, stride_kc_head,
     stride_vc_block, stride_vc_slot, stride_vc_head,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
-    """One program per new token: copy its K and V (all KV heads) to its slot; -1 skips."""
-    token = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot >= 0:
-        block = slot // BLOCK_SIZE
-        offset = slot % BLOCK_SIZE
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
-        k = tl.load(key_ptr + token * stride_key_tok + heads * stride_key_head + dims, mask=mask)
-        v = tl.load(value_ptr + token * stride_value_tok + heads * stride_value_head + dims, mask=mask)
-        k_dst = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + heads * stride_kc_head
-        v_dst = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + heads * stride_vc_head
-        tl.store(k_dst + dims, narrow(k, k_cache_ptr.dtype.element_ty, EMULATE_BF16), mask=mask)
-        tl.store(v_dst + dims, narrow(v, v_cache_ptr.dtype.element_ty, EMULATE_BF16), mask=mask)
+    """``BLOCK_T`` new tokens per program: copy their K and V (all KV heads) to their slots;
+    a slot of -1 is skipped. Offsets are int64: a large cache overflows int32."""
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_mapping_ptr + tokens, mask=tokens < num_slots, other=-1).to(tl.int64)
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    tok = tokens[:, None, None]
+    heads = tl.arange(0, HEADS_PAD)[None, :, None]
+    dims = tl.arange(0, HEAD_DIM_PAD)[None, None, :]
+    mask = (slot >= 0)[:, None, None] & (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+    k = tl.load(key_ptr + tok * stride_key_tok + heads * stride_key_head + dims, mask=mask)
+    v = tl.load(value_ptr + tok * stride_value_tok + heads * stride_value_head + dims, mask=mask)
+    k_slot = (block * stride_kc_block + offset * stride_kc_slot)[:, None, None]
+    v_slot = (block * stride_vc_block + offset * stride_vc_slot)[:, None, None]
+    k_dst = k_cache_ptr + k_slot + heads * stride_kc_head + dims
+    v_dst = v_cache_ptr + v_slot + heads * stride_vc_head + dims
+    tl.store(k_dst, narrow(k, k_cache_ptr.dtype.element_ty, EMULATE_BF16), mask=mask)
+    tl.store(v_dst, narrow(v, v_cache_ptr.dtype.element_ty, EMULATE_BF16), mask=mask)
 
 
 @triton.jit
 def find_request(query_start_loc_ptr, num_reqs, pid, BLOCK_Q: tl.constexpr):
     """The request owning global query block ``pid``: the largest ``r`` with
     ``query_start_loc[r] // BLOCK_Q + r <= pid`` (strictly increasing in ``r``)."""
-    lo = num_reqs * 0
-    hi = num_reqs - 1
+    lo = tl.zeros([], tl.int64)
+    hi = num_reqs.to(tl.int64) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
@@ -112,14 +116,14 @@ def unified_attention_kernel(
     """Grid ``(T // BLOCK_Q + R, num_kv_heads)``: a program takes up to ``BLOCK_Q`` new tokens of
     one request and the ``GQA`` query heads of one KV head, and walks that request's context
     through its block table with an online softmax, causal inside the new tokens."""
-    pid = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    pid = tl.program_id(0).to(tl.int64)  # int64 index math: no overflow on large caches
+    kv_head = tl.program_id(1).to(tl.int64)
     req = find_request(query_start_loc_ptr, num_reqs, pid, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    q_start = tl.load(query_start_loc_ptr + req).to(tl.int64)
+    q_len = tl.load(query_start_loc_ptr + req + 1).to(tl.int64) - q_start
     q_block = pid - (q_start // BLOCK_Q + req)
     if q_block * BLOCK_Q < q_len:
-        seq_len = tl.load(seq_lens_ptr + req)
+        seq_len = tl.load(seq_lens_ptr + req).to(tl.int64)
         context_len = seq_len - q_len
         rows = tl.arange(0, BLOCK_M)
         tok = q_block * BLOCK_Q + rows // GQA
@@ -127,7 +131,7 @@ def unified_attention_kernel(
         row_ok = (rows // GQA < BLOCK_Q) & (tok < q_len)
         dims = tl.arange(0, HEAD_DIM_PAD)
         d_ok = dims < HEAD_DIM
-        q_off = (q_start + tok).to(tl.int64)[:, None] * stride_q_tok + head[:, None] * stride_q_head
+        q_off = (q_start + tok)[:, None] * stride_q_tok + head[:, None] * stride_q_head
         q = tl.load(q_ptr + q_off + dims[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
@@ -140,7 +144,7 @@ def unified_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-        block_table_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt_req
+        block_table_row_ptr = block_table_ptr + req * stride_bt_req
         for tile_start in range(kv_start, kv_end, TILE_N):
             m_i, l_i, acc = attend_tile(
                 q, m_i, l_i, acc, q_pos, tile_start, kv_end,
@@ -150,6 +154,6 @@ def unified_attention_kernel(
                 SLIDING_WINDOW, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE_N, UPCAST, PV_PRECISION,
             )
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_off = (q_start + tok).to(tl.int64)[:, None] * stride_o_tok + head[:, None] * stride_o_head
+        o_off = (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head
         tl.store(out_ptr + o_off + dims[None, :], narrow(out, out_ptr.dtype.element_ty, UPCAST),
                  mask=row_ok[:, None] & d_ok[None, :])

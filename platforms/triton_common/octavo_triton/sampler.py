@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+import triton
 
 from octavo.platform.types import SamplingMetadata
-from octavo_triton.runtime import interpreting
+from octavo_triton.runtime import interpreting, next_power_of_2
 from octavo_triton.sampler_kernels import sample_kernel
 from octavo_triton.tuning import SamplerTuning
 
@@ -36,16 +37,19 @@ def make_sampler(vocab_size: int, tuning: SamplerTuning = SamplerTuning()):
             return out
         noise = logits if metadata.all_greedy else exponential_noise(logits, metadata)
         device = logits.device
-        sample_kernel[(num_rows,)](
+        block_v = min(tuning.block_v, next_power_of_2(max(16, vocab)))
+        block_r = tuning.interpreter_block_r if interpreting() else tuning.block_r
+        block_r = min(block_r, next_power_of_2(num_rows))
+        sample_kernel[(triton.cdiv(num_rows, block_r),)](
             out, logits, noise,
             metadata.temperature.to(device=device, dtype=torch.float32),
             metadata.top_k.to(device=device, dtype=torch.int32),
             metadata.top_p.to(device=device, dtype=torch.float32),
             metadata.min_p.to(device=device, dtype=torch.float32),
-            logits.stride(0), noise.stride(0), vocab,
+            num_rows, logits.stride(0), noise.stride(0), vocab,
             ALL_GREEDY=metadata.all_greedy, USE_TOP_K=not metadata.no_top_k,
             USE_TOP_P=not metadata.no_top_p, USE_MIN_P=not metadata.no_min_p,
-            BLOCK_V=min(tuning.block_v, max(16, 1 << (vocab - 1).bit_length())), **launch,
+            BLOCK_R=block_r, BLOCK_V=block_v, **launch,
         )
         return out
 

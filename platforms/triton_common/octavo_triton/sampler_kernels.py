@@ -1,11 +1,16 @@
-"""Triton kernel of the sampler: one program per row, no sort and no host sync.
+"""Triton kernel of the sampler: ``BLOCK_R`` rows per program, no sort and no host sync.
 
-Top-k and top-p are thresholds on the (temperature-scaled) logits, found by a bitwise binary
-search over an order-preserving int32 key of the float32 values: 32 counting passes give the
-exact k-th largest value, 32 mass passes the exact top-p cut. Min-p is a per-token test against
-the row's largest probability. The draw is the exponential race ``argmax(probs / q)`` with the
-Exp(1) noise ``q`` made by torch from the requests' generators, so a seeded request samples
-exactly what ``octavo.ops.reference.sample`` samples.
+Top-k and top-p are thresholds on the temperature-scaled logits, found by a 16-ary search over
+an order-preserving int32 key of the float32 values: 8 passes over a row give the exact k-th
+largest value, 8 more the exact top-p cut. Min-p is a per-token test against the row's largest
+probability. The draw is the exponential race ``argmax(probs / q)`` with the Exp(1) noise ``q``
+made by torch from the requests' generators, so a seeded request samples exactly what
+``octavo.ops.reference.sample`` samples.
+
+Every per-row quantity is a ``[BLOCK_R]`` vector; a pass over the vocabulary walks
+``[BLOCK_R, BLOCK_V]`` chunks. GPUs run one row per program (vocabularies are large); the
+interpreter runs many, since its cost is per operation, not per element. The key computation is
+inlined in each pass: a nested call costs milliseconds per chunk in the interpreter.
 """
 
 from __future__ import annotations
@@ -13,116 +18,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-INT32_MIN = -2147483648
-INT32_MAX = 2147483647
-FANOUT = tl.constexpr(16)  # pivots tried per pass of the threshold searches
+INT32_MIN = tl.constexpr(-2147483648)
+INT32_MAX = tl.constexpr(2147483647)
+FANOUT = tl.constexpr(16)  # pivots tried per pass of the threshold searches (16**8 = 2**32 keys)
+SEARCH_PASSES = tl.constexpr(8)
 
 
 @triton.jit
 def order_key(x):
-    """An int32 that orders like the float32 ``x`` (-inf lowest). The passes over the vocabulary
-    inline these two lines: a nested call costs milliseconds per chunk in the interpreter."""
+    """An int32 that orders like the float32 ``x`` (-inf lowest)."""
     bits = x.to(tl.int32, bitcast=True)
     return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-
-
-@triton.jit
-def row_argmax(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
-    """Largest value of the row and its lowest index."""
-    best_val = tl.full([], float("-inf"), tl.float32)
-    best_idx = tl.zeros([], tl.int32)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        val, idx = tl.max(x, axis=0, return_indices=True)
-        better = val > best_val
-        best_idx = tl.where(better, start + idx, best_idx)
-        best_val = tl.where(better, val, best_val)
-    return best_val, best_idx
-
-
-@triton.jit
-def counts_at_least(row_ptr, vocab_size, temperature, pivots, BLOCK_V: tl.constexpr):
-    """For each pivot, how many scaled logits have ``order_key >= pivot``."""
-    counts = tl.zeros([FANOUT], tl.int32)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        bits = (x / temperature).to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)  # order_key, inlined
-        key = tl.where(offs < vocab_size, key, INT32_MIN - 1)
-        counts += tl.sum((key[:, None] >= pivots[None, :]).to(tl.int32), axis=0)
-    return counts
-
-
-@triton.jit
-def masses_above(row_ptr, vocab_size, temperature, row_max, pivots, BLOCK_V: tl.constexpr):
-    """For each pivot, the sum of ``exp(scaled - row_max)`` over keys ``> pivot``."""
-    masses = tl.zeros([FANOUT], tl.float32)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        x = x / temperature
-        bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)  # order_key, inlined
-        e = tl.exp(x - row_max)
-        masses += tl.sum(tl.where(key[:, None] > pivots[None, :], e[:, None], 0.0), axis=0)
-    return masses
-
-
-@triton.jit
-def mass_above(row_ptr, vocab_size, temperature, row_max, threshold, strict: tl.constexpr,
-               BLOCK_V: tl.constexpr):
-    """Sum of ``exp(scaled - row_max)`` over keys ``> threshold`` (``>=`` when not strict)."""
-    total = tl.zeros([], tl.float32)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        x = x / temperature
-        bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # order_key, inlined
-        if strict:
-            keep = key > threshold
-        else:
-            keep = key >= threshold
-        total += tl.sum(tl.where(keep, tl.exp(x - row_max), 0.0), axis=0)
-    return total
-
-
-@triton.jit
-def top_k_key(row_ptr, vocab_size, temperature, k, BLOCK_V: tl.constexpr):
-    """The k-th largest key: the largest ``t`` with at least ``k`` keys ``>= t``, by a
-    ``FANOUT``-ary search (8 passes over the row for the 2**32 keys)."""
-    lo = tl.full([], INT32_MIN, tl.int64)
-    hi = tl.full([], INT32_MAX, tl.int64)
-    j = tl.arange(0, FANOUT).to(tl.int64)
-    while lo < hi:
-        step = (hi - lo + FANOUT) // FANOUT
-        pivots = tl.minimum(lo + j * step, hi)
-        ok = counts_at_least(row_ptr, vocab_size, temperature, pivots, BLOCK_V) >= k
-        best = tl.max(tl.where(ok, j, 0), axis=0)  # j = 0 (lo itself) always qualifies
-        hi = tl.minimum(hi, lo + (best + 1) * step - 1)
-        lo = tl.minimum(lo + best * step, hi)
-    return lo
-
-
-@triton.jit
-def top_p_key(row_ptr, vocab_size, temperature, row_max, floor_key, target, BLOCK_V: tl.constexpr):
-    """The smallest ``t >= floor_key`` whose strictly-larger tokens hold less than ``target``
-    mass, by a ``FANOUT``-ary search: tokens with keys ``>= t`` are the most likely ones
-    reaching top-p."""
-    lo = floor_key
-    hi = tl.full([], INT32_MAX, tl.int64)
-    j = tl.arange(0, FANOUT).to(tl.int64)
-    while lo < hi:
-        step = (hi - lo + FANOUT) // FANOUT
-        pivots = tl.minimum(lo + j * step, hi)
-        ok = masses_above(row_ptr, vocab_size, temperature, row_max, pivots, BLOCK_V) < target
-        first = tl.min(tl.where(ok, j, FANOUT), axis=0)
-        new_hi = tl.where(first < FANOUT, tl.minimum(lo + first * step, hi), hi)
-        lo = tl.where(first > 0, tl.minimum(lo + (first - 1) * step, hi) + 1, lo)
-        hi = new_hi
-    return lo
 
 
 @triton.jit
@@ -133,49 +39,125 @@ def key_value(key):
 
 
 @triton.jit
-def kept_mass(row_ptr, vocab_size, temperature, row_max, cut_key, num_ties, z_kept, min_ratio,
-              BLOCK_V: tl.constexpr):
-    """Sum of ``exp(scaled - row_max)`` over the kept tokens (see :func:`sample_row`)."""
-    total = tl.zeros([], tl.float32)
-    ties_seen = tl.zeros([], tl.int32)
+def row_argmax(row_ptrs, row_ok, vocab_size, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Each row's largest logit and its lowest index."""
+    best_val = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_R], tl.int32)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        in_vocab = offs < vocab_size
-        x = tl.load(row_ptr + offs, mask=in_vocab, other=float("-inf")).to(tl.float32) / temperature
-        e = tl.exp(x - row_max)
+        mask = row_ok[:, None] & (offs < vocab_size)[None, :]
+        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        val, idx = tl.max(x, axis=1, return_indices=True)
+        better = val > best_val
+        best_idx = tl.where(better, start + idx, best_idx)
+        best_val = tl.where(better, val, best_val)
+    return best_val, best_idx
+
+
+@triton.jit
+def top_k_key(row_ptrs, row_ok, vocab_size, temperature, k,
+              BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Each row's k-th largest key: the largest ``t`` with at least ``k`` keys ``>= t``."""
+    lo = tl.full([BLOCK_R], INT32_MIN, tl.int64)
+    hi = tl.full([BLOCK_R], INT32_MAX, tl.int64)
+    j = tl.arange(0, FANOUT).to(tl.int64)
+    for _ in range(SEARCH_PASSES):
+        step = (hi - lo + FANOUT) // FANOUT
+        pivots = tl.minimum(lo[:, None] + j[None, :] * step[:, None], hi[:, None])
+        counts = tl.zeros([BLOCK_R, FANOUT], tl.int32)
+        for start in range(0, vocab_size, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            mask = row_ok[:, None] & (offs < vocab_size)[None, :]
+            x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf"))
+            bits = (x.to(tl.float32) / temperature[:, None]).to(tl.int32, bitcast=True)
+            key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+            key = tl.where(mask, key, INT32_MIN - 1)
+            counts += tl.sum((key[:, :, None] >= pivots[:, None, :]).to(tl.int32), axis=1)
+        best = tl.max(tl.where(counts >= k[:, None], j[None, :], 0), axis=1)  # j = 0 always holds
+        hi = tl.minimum(hi, lo + (best + 1) * step - 1)
+        lo = tl.minimum(lo + best * step, hi)
+    return lo
+
+
+@triton.jit
+def top_p_key(row_ptrs, row_ok, vocab_size, temperature, row_max, floor_key, target,
+              BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Each row's smallest ``t >= floor_key`` whose strictly larger keys hold less than
+    ``target`` mass (of ``exp(scaled - row_max)``)."""
+    lo = floor_key
+    hi = tl.full([BLOCK_R], INT32_MAX, tl.int64)
+    j = tl.arange(0, FANOUT).to(tl.int64)
+    for _ in range(SEARCH_PASSES):
+        step = (hi - lo + FANOUT) // FANOUT
+        pivots = tl.minimum(lo[:, None] + j[None, :] * step[:, None], hi[:, None])
+        masses = tl.zeros([BLOCK_R, FANOUT], tl.float32)
+        for start in range(0, vocab_size, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            mask = row_ok[:, None] & (offs < vocab_size)[None, :]
+            x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf"))
+            x = x.to(tl.float32) / temperature[:, None]
+            bits = x.to(tl.int32, bitcast=True)
+            key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+            e = tl.exp(x - row_max[:, None])
+            masses += tl.sum(tl.where(key[:, :, None] > pivots[:, None, :], e[:, :, None], 0.0), axis=1)
+        first = tl.min(tl.where(masses < target[:, None], j[None, :], FANOUT), axis=1)
+        new_hi = tl.where(first < FANOUT, tl.minimum(lo + first * step, hi), hi)
+        lo = tl.where(first > 0, tl.minimum(lo + (first - 1) * step, hi) + 1, lo)
+        hi = new_hi
+    return lo
+
+
+@triton.jit
+def kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties, z_kept,
+              min_ratio, strict_cut: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Sum of ``exp(scaled - row_max)`` over each row's kept tokens: keys above ``cut_key``, the
+    first ``num_ties`` (index order) equal to it, and probability ``e / z_kept >= min_ratio``.
+    With ``strict_cut`` only keys strictly above the cut count."""
+    total = tl.zeros([BLOCK_R], tl.float32)
+    ties_seen = tl.zeros([BLOCK_R], tl.int32)
+    for start in range(0, vocab_size, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        mask = row_ok[:, None] & (offs < vocab_size)[None, :]
+        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf"))
+        x = x.to(tl.float32) / temperature[:, None]
+        e = tl.exp(x - row_max[:, None])
         bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # order_key, inlined
-        # keys above the cut, the first num_ties equal to it, and min-p (see sample_row)
-        tie = in_vocab & (key == cut_key)
-        rank = ties_seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        keep = in_vocab & ((key > cut_key) | (tie & (rank < num_ties))) & (e / z_kept >= min_ratio)
-        ties_seen += tl.sum(tie.to(tl.int32), axis=0)
-        total += tl.sum(tl.where(keep, e, 0.0), axis=0)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        if strict_cut:
+            keep = mask & (key > cut_key[:, None])
+        else:
+            tie = mask & (key == cut_key[:, None])
+            rank = ties_seen[:, None] + tl.cumsum(tie.to(tl.int32), axis=1) - 1
+            keep = mask & ((key > cut_key[:, None]) | (tie & (rank < num_ties[:, None])))
+            keep = keep & (e / z_kept[:, None] >= min_ratio[:, None])
+            ties_seen += tl.sum(tie.to(tl.int32), axis=1)
+        total += tl.sum(tl.where(keep, e, 0.0), axis=1)
     return total
 
 
 @triton.jit
-def race(row_ptr, noise_ptr, vocab_size, temperature, row_max, cut_key, num_ties, z_kept, min_ratio,
-         z_final, BLOCK_V: tl.constexpr):
-    """``argmax(probs / q)`` over the kept tokens (lowest index on ties)."""
-    best_val = tl.full([], -1.0, tl.float32)
-    best_idx = tl.zeros([], tl.int32)
-    ties_seen = tl.zeros([], tl.int32)
+def race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
+         z_kept, min_ratio, z_final, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Each row's ``argmax(probs / q)`` over its kept tokens (lowest index on ties)."""
+    best_val = tl.full([BLOCK_R], -1.0, tl.float32)
+    best_idx = tl.zeros([BLOCK_R], tl.int32)
+    ties_seen = tl.zeros([BLOCK_R], tl.int32)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        in_vocab = offs < vocab_size
-        x = tl.load(row_ptr + offs, mask=in_vocab, other=float("-inf")).to(tl.float32) / temperature
-        e = tl.exp(x - row_max)
+        mask = row_ok[:, None] & (offs < vocab_size)[None, :]
+        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf"))
+        x = x.to(tl.float32) / temperature[:, None]
+        e = tl.exp(x - row_max[:, None])
         bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # order_key, inlined
-        # keys above the cut, the first num_ties equal to it, and min-p (see sample_row)
-        tie = in_vocab & (key == cut_key)
-        rank = ties_seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        keep = in_vocab & ((key > cut_key) | (tie & (rank < num_ties))) & (e / z_kept >= min_ratio)
-        ties_seen += tl.sum(tie.to(tl.int32), axis=0)
-        q = tl.load(noise_ptr + offs, mask=in_vocab, other=1.0)
-        score = tl.where(keep, (e / z_final) / q, -1.0)
-        val, idx = tl.max(score, axis=0, return_indices=True)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        tie = mask & (key == cut_key[:, None])
+        rank = ties_seen[:, None] + tl.cumsum(tie.to(tl.int32), axis=1) - 1
+        keep = mask & ((key > cut_key[:, None]) | (tie & (rank < num_ties[:, None])))
+        keep = keep & (e / z_kept[:, None] >= min_ratio[:, None])
+        ties_seen += tl.sum(tie.to(tl.int32), axis=1)
+        q = tl.load(noise_ptrs[:, None] + offs[None, :], mask=mask, other=1.0)
+        score = tl.where(keep, (e / z_final[:, None]) / q, -1.0)
+        val, idx = tl.max(score, axis=1, return_indices=True)
         better = val > best_val
         best_idx = tl.where(better, start + idx, best_idx)
         best_val = tl.where(better, val, best_val)
@@ -183,61 +165,87 @@ def race(row_ptr, noise_ptr, vocab_size, temperature, row_max, cut_key, num_ties
 
 
 @triton.jit
-def sample_row(row_ptr, noise_ptr, vocab_size, temperature, max_logit, top_k, top_p, min_p,
-               USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, USE_MIN_P: tl.constexpr,
-               BLOCK_V: tl.constexpr):
-    """Temperature, then top-k, top-p, min-p, then the race, for one row.
+def any_row(flags):
+    """Whether any row of the program needs a step (lets a program skip whole passes)."""
+    return tl.max(flags.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def filter_and_race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, max_logit, top_k, top_p,
+                    min_p, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, USE_MIN_P: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Top-k, then top-p, then min-p, then the race, for rows with temperature > 0.
 
     The kept set is always "keys above ``cut_key``, plus the first ``num_ties`` equal to it":
     top-k keeps every tie at the k-th value; top-p keeps ties at its cut in index order while
     the mass before each stays below ``top_p`` (a stable descending sort's order)."""
-    row_max = max_logit / temperature  # division by t > 0 is monotone, rounding included
-    cut_key = tl.full([], INT32_MIN, tl.int64)
-    num_ties = tl.full([], INT32_MAX, tl.int32)
+    # division by t > 0 is monotone, rounding included; rows past the batch get a finite max
+    row_max = tl.where(row_ok, max_logit / temperature, 0.0)
+    cut_key = tl.full([BLOCK_R], INT32_MIN, tl.int64)
+    num_ties = tl.full([BLOCK_R], INT32_MAX, tl.int32)
+    no_min = tl.zeros([BLOCK_R], tl.float32)
+    ones = no_min + 1.0
     if USE_TOP_K:
-        if (top_k > 0) & (top_k < vocab_size):
-            cut_key = top_k_key(row_ptr, vocab_size, temperature, top_k, BLOCK_V)
-    no_min = tl.zeros([], tl.float32)
-    z_kept = mass_above(row_ptr, vocab_size, temperature, row_max, cut_key, False, BLOCK_V)
+        k_on = row_ok & (top_k > 0) & (top_k < vocab_size)
+        if any_row(k_on):
+            kth = top_k_key(row_ptrs, row_ok, vocab_size, temperature, top_k, BLOCK_R, BLOCK_V)
+            cut_key = tl.where(k_on, kth, cut_key)
+    z_kept = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties, ones,
+                       no_min, False, BLOCK_R, BLOCK_V)
+    z_kept = tl.where(row_ok, z_kept, 1.0)
     if USE_TOP_P:
-        if top_p < 1.0:
+        p_on = row_ok & (top_p < 1.0)
+        if any_row(p_on):
             target = top_p * z_kept
-            cut_key = top_p_key(row_ptr, vocab_size, temperature, row_max, cut_key, target, BLOCK_V)
-            cut_key = tl.minimum(cut_key, order_key(row_max).to(tl.int64))  # the top token stays
-            above = mass_above(row_ptr, vocab_size, temperature, row_max, cut_key, True, BLOCK_V)
-            e_cut = tl.exp(key_value(cut_key) - row_max)
-            ties = tl.where(e_cut > 0.0, tl.ceil((target - above) / e_cut), 2.0e9)
-            num_ties = tl.maximum(tl.minimum(ties, 2.0e9), 1.0).to(tl.int32)
-            z_kept = kept_mass(row_ptr, vocab_size, temperature, row_max, cut_key, num_ties, z_kept,
-                               no_min, BLOCK_V)
+            cut = top_p_key(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, target,
+                            BLOCK_R, BLOCK_V)
+            cut = tl.minimum(cut, order_key(row_max).to(tl.int64))  # the top token always stays
+            above = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut, num_ties,
+                              ones, no_min, True, BLOCK_R, BLOCK_V)
+            e_cut = tl.exp(key_value(cut) - row_max)
+            ties = tl.ceil((target - above) / tl.where(e_cut > 0.0, e_cut, 1.0))
+            ties = tl.where(e_cut > 0.0, ties, 2.0e9)
+            ties = tl.maximum(tl.minimum(ties, 2.0e9), 1.0).to(tl.int32)
+            cut_key = tl.where(p_on, cut, cut_key)
+            num_ties = tl.where(p_on, ties, num_ties)
+            z_kept = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
+                               ones, no_min, False, BLOCK_R, BLOCK_V)
+            z_kept = tl.where(row_ok, z_kept, 1.0)
     min_ratio = no_min
     z_final = z_kept
     if USE_MIN_P:
-        if min_p > 0.0:
-            min_ratio = min_p * (1.0 / z_kept)
-            z_final = kept_mass(row_ptr, vocab_size, temperature, row_max, cut_key, num_ties, z_kept,
-                                min_ratio, BLOCK_V)
-    return race(row_ptr, noise_ptr, vocab_size, temperature, row_max, cut_key, num_ties, z_kept,
-                min_ratio, z_final, BLOCK_V)
+        m_on = row_ok & (min_p > 0.0)
+        if any_row(m_on):
+            min_ratio = tl.where(m_on, min_p * (1.0 / z_kept), 0.0)
+            z_final = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
+                                z_kept, min_ratio, False, BLOCK_R, BLOCK_V)
+            z_final = tl.where(row_ok, z_final, 1.0)
+    return race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
+                z_kept, min_ratio, z_final, BLOCK_R, BLOCK_V)
 
 
 @triton.jit
 def sample_kernel(
     out_ptr, logits_ptr, noise_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-    stride_logits, stride_noise, vocab_size,
+    num_rows, stride_logits, stride_noise, vocab_size,
     ALL_GREEDY: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
-    USE_MIN_P: tl.constexpr, BLOCK_V: tl.constexpr,
+    USE_MIN_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """One token id per row: greedy where temperature is 0, else a filtered exponential race."""
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * stride_logits
-    max_logit, token = row_argmax(row_ptr, vocab_size, BLOCK_V)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_rows
+    row_ptrs = logits_ptr + rows.to(tl.int64) * stride_logits
+    max_logit, token = row_argmax(row_ptrs, row_ok, vocab_size, BLOCK_R, BLOCK_V)
     if not ALL_GREEDY:
-        temperature = tl.load(temperature_ptr + row)
-        if temperature > 0.0:
-            token = sample_row(
-                row_ptr, noise_ptr + row * stride_noise, vocab_size, temperature, max_logit,
-                tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), tl.load(min_p_ptr + row),
-                USE_TOP_K, USE_TOP_P, USE_MIN_P, BLOCK_V,
+        temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
+        if any_row(row_ok & (temperature > 0.0)):
+            drawn = filter_and_race(
+                row_ptrs, noise_ptr + rows.to(tl.int64) * stride_noise, row_ok, vocab_size,
+                tl.where(temperature > 0.0, temperature, 1.0), max_logit,
+                tl.load(top_k_ptr + rows, mask=row_ok, other=0),
+                tl.load(top_p_ptr + rows, mask=row_ok, other=1.0),
+                tl.load(min_p_ptr + rows, mask=row_ok, other=0.0),
+                USE_TOP_K, USE_TOP_P, USE_MIN_P, BLOCK_R, BLOCK_V,
             )
-    tl.store(out_ptr + row, token.to(tl.int64))
+            token = tl.where(temperature > 0.0, drawn, token)
+    tl.store(out_ptr + rows, token.to(tl.int64), mask=row_ok)

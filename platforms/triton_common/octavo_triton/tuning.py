@@ -16,6 +16,7 @@ class AttentionTuning:
     input precision on float32 operands (``"ieee"``, NVIDIA's ``"tf32x3"``, AMD's ``"bf16x3"``:
     within one output ulp of the float32 reference) or ``"low"`` (probabilities cast to the KV
     dtype, the usual flash-attention shortcut: faster, a few 16-bit ulps off near zero).
+    ``kv_write_tokens`` new tokens are written per program of the KV write.
     """
 
     block_m: int = 16
@@ -23,14 +24,32 @@ class AttentionTuning:
     num_warps: int = 4
     num_stages: int = 2
     pv_precision: str = "ieee"
+    kv_write_tokens: int = 1
+    # Under the interpreter a program's cost is per operation, not per element: bigger tiles.
+    interpreter_block_m: int = 64
+    interpreter_tile_n: int = 128
+    interpreter_kv_write_tokens: int = 64
+
+    def for_interpreter(self) -> "AttentionTuning":
+        """The shapes to use when kernels run in the Triton interpreter."""
+        return dataclasses.replace(
+            self,
+            block_m=self.interpreter_block_m,
+            tile_n=self.interpreter_tile_n,
+            kv_write_tokens=self.interpreter_kv_write_tokens,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplerTuning:
-    """Vocabulary chunk per loop step of the sampling kernel (one program per row)."""
+    """Chunks of the sampling kernel: ``block_r`` rows per program (1 on GPUs: vocabularies are
+    large), ``interpreter_block_r`` under the interpreter (whose cost is per operation, not per
+    element), ``block_v`` tokens per loop step."""
 
     block_v: int = 1024
     num_warps: int = 4
+    block_r: int = 1
+    interpreter_block_r: int = 64
 
 
 @dataclasses.dataclass(frozen=True)

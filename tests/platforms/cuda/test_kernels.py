@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from octavo_triton import kernel_checks as checks
+from octavo_triton.sampler import make_sampler
+from octavo_triton.tuning import SamplerTuning
 
 pytestmark = pytest.mark.needs_kernels
 
@@ -46,8 +48,8 @@ def test_token_bitmask_matches_reference(platform, device, dtype, vocab_size, us
     checks.check_bitmask(platform, device, dtype, vocab_size, use_indices)
 
 
-def test_sampler_ties_across_vocabulary_chunks(device):
-    from octavo_triton.sampler import make_sampler
-    from octavo_triton.tuning import SamplerTuning
-
-    checks.check_sampler_ties_across_chunks(make_sampler(96, SamplerTuning(block_v=32)), device)
+@pytest.mark.parametrize("rows_per_program", [1, 4])
+def test_sampler_ties_across_vocabulary_chunks(device, rows_per_program):
+    """The shared kernel with small chunks, one row per program (as on GPUs) and several."""
+    tuning = SamplerTuning(block_v=32, block_r=rows_per_program, interpreter_block_r=rows_per_program)
+    checks.check_sampler_ties_across_chunks(make_sampler(96, tuning), device)

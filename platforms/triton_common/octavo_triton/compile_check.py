@@ -1,0 +1,135 @@
+"""Compile every kernel for real GPU targets on a machine without a GPU.
+
+``triton.compile(ASTSource(...), target=GPUTarget(...))`` runs the whole Triton pipeline (TTIR,
+TTGIR, LLVM IR, then PTX and a cubin through the bundled ptxas for NVIDIA, or AMDGCN and an
+hsaco through the built-in LLVM linker for AMD). It catches what the interpreter cannot see:
+dot shapes and operand types the chip's matrix units reject, loop-carried type changes,
+shared-memory overruns for the chosen tiles. Kernels must be real ``JITFunction`` objects, so
+this runs without ``TRITON_INTERPRET`` (the test runs it in a subprocess).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from octavo.platform.types import AttentionSpec
+from octavo_triton import attention_kernels, bitmask, rms_norm, sampler_kernels
+from octavo_triton.attention import TritonAttentionBackend
+from octavo_triton.runtime import interpreting, next_power_of_2
+from octavo_triton.tuning import AttentionTuning, RowTuning, SamplerTuning
+
+TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+FLOAT_ARGS = ("scale", "eps")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelBuild:
+    """One specialisation of one kernel: pointer element types, constexprs, launch options."""
+
+    name: str
+    kernel: Any
+    pointers: dict[str, str]
+    constexprs: dict[str, Any]
+    options: dict[str, int]
+
+    def source(self) -> triton.compiler.ASTSource:
+        """The ASTSource: pointers as given, ``FLOAT_ARGS`` fp32, other scalars i32."""
+        signature = {}
+        for arg in self.kernel.arg_names:
+            if arg in self.constexprs:
+                signature[arg] = "constexpr"
+            elif arg in self.pointers:
+                signature[arg] = "*" + self.pointers[arg]
+            else:
+                signature[arg] = "fp32" if arg in FLOAT_ARGS else "i32"
+        return triton.compiler.ASTSource(self.kernel, signature, constexprs=self.constexprs)
+
+
+def attention_builds(spec: AttentionSpec, tuning: AttentionTuning, label: str) -> list[KernelBuild]:
+    """The KV write and the unified attention for ``spec`` with ``tuning``'s tiles."""
+    backend = TritonAttentionBackend(spec, tuning)
+    t = TRITON_TYPES[spec.dtype]
+    write = KernelBuild(
+        f"write_kv[{label}]", attention_kernels.write_kv_kernel,
+        {"key_ptr": t, "value_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "slot_mapping_ptr": "i64"},
+        dict(NUM_KV_HEADS=spec.num_kv_heads, HEAD_DIM=spec.head_dim, BLOCK_SIZE=spec.block_size,
+             HEADS_PAD=next_power_of_2(spec.num_kv_heads), HEAD_DIM_PAD=next_power_of_2(spec.head_dim),
+             BLOCK_T=tuning.kv_write_tokens, EMULATE_BF16=False),
+        {},
+    )
+    attend = KernelBuild(
+        f"unified_attention[{label}]", attention_kernels.unified_attention_kernel,
+        {"out_ptr": t, "q_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "block_table_ptr": "i32",
+         "seq_lens_ptr": "i32", "query_start_loc_ptr": "i32"},
+        backend.kernel_constexprs(spec.dtype, spec.dtype, spec.block_size),
+        {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages},
+    )
+    return [write, attend]
+
+
+def rms_norm_builds(hidden_size: int, dtype: torch.dtype, tuning: RowTuning) -> list[KernelBuild]:
+    """RMSNorm with and without the fused residual add."""
+    t = TRITON_TYPES[dtype]
+    block = next_power_of_2(hidden_size)
+    pointers = {name: t for name in ("out_ptr", "residual_out_ptr", "x_ptr", "residual_ptr", "weight_ptr")}
+    return [
+        KernelBuild(
+            f"rms_norm[{t},h{hidden_size},{'fused' if fused else 'plain'}]", rms_norm.rms_norm_kernel,
+            pointers, dict(HAS_RESIDUAL=fused, UPCAST=False, BLOCK_N=block),
+            {"num_warps": rms_norm.warps_for(block, tuning.warp_size)},
+        )
+        for fused in (False, True)
+    ]
+
+
+def sampler_builds(tuning: SamplerTuning) -> list[KernelBuild]:
+    """The sampler with every filter on, and its all-greedy specialisation."""
+    pointers = {"out_ptr": "i64", "logits_ptr": "fp32", "noise_ptr": "fp32", "temperature_ptr": "fp32",
+                "top_k_ptr": "i32", "top_p_ptr": "fp32", "min_p_ptr": "fp32"}
+    return [
+        KernelBuild(
+            f"sample[{'greedy' if greedy else 'all filters'}]", sampler_kernels.sample_kernel, pointers,
+            dict(ALL_GREEDY=greedy, USE_TOP_K=not greedy, USE_TOP_P=not greedy, USE_MIN_P=not greedy,
+                 BLOCK_R=tuning.block_r, BLOCK_V=tuning.block_v),
+            {"num_warps": tuning.num_warps},
+        )
+        for greedy in (False, True)
+    ]
+
+
+def bitmask_builds(tuning: RowTuning) -> list[KernelBuild]:
+    """The bitmask apply, by row and through indices."""
+    return [
+        KernelBuild(
+            f"apply_bitmask[{'indices' if indexed else 'rows'}]", bitmask.apply_bitmask_kernel,
+            {"logits_ptr": "fp32", "bitmask_ptr": "i32", "indices_ptr": "i64"},
+            dict(HAS_INDICES=indexed, BLOCK=tuning.bitmask_block),
+            {"num_warps": max(1, tuning.bitmask_block // (tuning.warp_size * 8))},
+        )
+        for indexed in (False, True)
+    ]
+
+
+def compile_builds(builds: Sequence[KernelBuild], target: GPUTarget) -> list[dict]:
+    """Compile each build for ``target``; returns one record per build (stages, shared memory).
+    A compilation error propagates with the build's name."""
+    if interpreting():
+        raise RuntimeError("compilation checks need real JITFunctions: unset TRITON_INTERPRET")
+    records = []
+    for build in builds:
+        try:
+            compiled = triton.compile(build.source(), target=target, options=build.options)
+        except Exception as exc:
+            raise RuntimeError(f"{build.name} failed to compile for {target}: {exc}") from exc
+        records.append({
+            "kernel": build.name,
+            "target": f"{target.backend}:{target.arch}",
+            "stages": [s for s in ("ptx", "cubin", "amdgcn", "hsaco") if s in compiled.asm],
+            "shared_bytes": compiled.metadata.shared,
+        })
+    return records
