@@ -1,13 +1,17 @@
 """Paged attention on the host CPU: batched decodes, one SDPA call per prefill chunk.
 
-The KV cache keeps the default layout ``[2, num_blocks, block_size, num_kv_heads, head_dim]``.
-A step's new K/V go in with one ``index_copy_`` per tensor. Decode rows (one new token) of all
-requests are served together: their context blocks are gathered through the block table into
-a reused workspace (``index_select`` of whole blocks, a memcpy each) and attended with one
-``scaled_dot_product_attention`` call whose boolean mask hides each row's padding; the grouped
-query heads of a KV head ride along as that call's query length. Prefill chunks (several new
-tokens) get one SDPA call each: a fresh prompt attends straight to its new K/V with
-``is_causal``; a chunk after context reads its blocks and uses a lower-right causal mask.
+The KV cache is head-major inside a block: ``[2, num_blocks, num_kv_heads, block_size,
+head_dim]``, so one KV head's tokens of one block are a contiguous ``[block_size, head_dim]``
+row. Reading a request's context is then one ``index_select`` of those rows (a memcpy each)
+that lands directly in the ``[kv_heads, tokens, head_dim]`` order SDPA reads fastest; the new
+K/V go in with one ``index_copy_`` per tensor.
+
+Decode rows (one new token) of all requests are served together: their context is gathered
+into a reused workspace and attended with one ``scaled_dot_product_attention`` call whose
+boolean mask hides each row's padding; the query heads that share a KV head ride along as that
+call's query length. Prefill chunks get one SDPA call each: a fresh prompt attends straight to
+its new K/V with ``is_causal``; a chunk after context reads its blocks with a lower-right
+causal mask. Every SDPA call is 4-D: with 3-D inputs torch falls back to its slow math path.
 """
 
 from __future__ import annotations
@@ -25,26 +29,32 @@ class CpuAttentionBackend(AttentionBackend):
     """Paged attention for the cpu platform (mixed prefill chunks and decodes in one call)."""
 
     name = "cpu"
+    block_dim = 1
 
     def __init__(self, spec):
         super().__init__(spec)
         self._workspace = torch.empty(0, dtype=spec.dtype)
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        s = self.spec
+        return (2, num_blocks, s.num_kv_heads, s.block_size, s.head_dim)
 
     def forward(self, query, key, value, kv_cache, metadata: AttentionMetadata):
         """Write the new K/V through ``slot_mapping``, then attend through ``block_table``."""
         num_tokens = metadata.num_actual_tokens
         if num_tokens < 0:
             num_tokens = query.shape[0]
-        write_kv(key[:num_tokens], value[:num_tokens], kv_cache, metadata.slot_mapping[:num_tokens])
+        slot_mapping = metadata.slot_mapping[:num_tokens]
+        write_kv(key[:num_tokens], value[:num_tokens], kv_cache, slot_mapping)
         out = torch.empty_like(query)
         out[num_tokens:].zero_()
         if metadata.num_reqs == 0 or num_tokens == 0:
             return out
         query_start_loc = metadata.query_start_loc
-        query_lens = query_start_loc[1:] - query_start_loc[:-1]
         if metadata.max_query_len == 1:
             self._decode(query, kv_cache, metadata, None, out)
             return out
+        query_lens = query_start_loc[1:] - query_start_loc[:-1]
         is_decode = query_lens == 1
         decode_rows = is_decode.nonzero().flatten()
         if decode_rows.numel():
@@ -54,8 +64,12 @@ class CpuAttentionBackend(AttentionBackend):
         for row in (~is_decode & (query_lens > 0)).nonzero().flatten().tolist():
             start, end = starts[row], starts[row + 1]
             out[start:end] = self._prefill(
-                query[start:end], key[start:end], value[start:end], kv_cache,
-                metadata.block_table[row], seq_lens[row],
+                query[start:end],
+                key[start:end],
+                value[start:end],
+                kv_cache,
+                metadata.block_table[row],
+                seq_lens[row],
             )
         return out
 
@@ -81,31 +95,32 @@ class CpuAttentionBackend(AttentionBackend):
         if window is not None:
             first_block = (seq_lens - window).clamp(min=0) // block_size
         num_blocks = int(((seq_lens + block_size - 1) // block_size - first_block).max())
-        num_reqs = tokens.shape[0]
-        block_bytes = 2 * block_size * num_kv_heads * head_dim * kv_cache.element_size()
-        group = max(1, min(num_reqs, WORKSPACE_BYTES // (block_bytes * num_blocks)))
-        offsets = torch.arange(num_blocks)
         # Past a row's last block the table holds stale or padding ids: clamp them to valid
         # blocks; what they hold is masked out.
         block_ids = block_table.long().gather(
-            1, (first_block.unsqueeze(1) + offsets).clamp(max=block_table.shape[1] - 1)
+            1, (first_block.unsqueeze(1) + torch.arange(num_blocks)).clamp(
+                max=block_table.shape[1] - 1
+            )
         ).clamp_(min=0)
+        rows_of = head_rows(block_ids, num_kv_heads)  # [R, kv_heads * num_blocks]
         positions = first_block.unsqueeze(1) * block_size + torch.arange(num_blocks * block_size)
         visible = positions < seq_lens.unsqueeze(1)
         if window is not None:
             visible &= positions >= (seq_lens - window).unsqueeze(1)
-        num_groups = spec.num_heads // num_kv_heads
-        q = query[tokens].view(num_reqs, num_kv_heads, num_groups, head_dim)
-        blocks = kv_cache.view(2, kv_cache.shape[1], -1)
+        num_reqs = tokens.shape[0]
+        q = query[tokens].view(num_reqs, num_kv_heads, spec.num_heads // num_kv_heads, head_dim)
+        cache_rows = kv_cache.view(2, -1, block_size * head_dim)
+        row_bytes = 2 * cache_rows.shape[2] * kv_cache.element_size() * rows_of.shape[1]
+        group = max(1, min(num_reqs, WORKSPACE_BYTES // row_bytes))
         for start in range(0, num_reqs, group):
             end = min(start + group, num_reqs)
             n = end - start
-            ids = block_ids[start:end].flatten()
-            buffer = self._gather_buffer(2 * ids.numel() * blocks.shape[2]).view(2, ids.numel(), -1)
-            torch.index_select(blocks[0], 0, ids, out=buffer[0])
-            torch.index_select(blocks[1], 0, ids, out=buffer[1])
-            kv = buffer.view(2, n, num_blocks * block_size, num_kv_heads, head_dim)
-            k, v = kv.transpose(2, 3)
+            index = rows_of[start:end].flatten()
+            buffer = self._gather_buffer(2 * index.numel() * cache_rows.shape[2])
+            buffer = buffer.view(2, index.numel(), cache_rows.shape[2])
+            torch.index_select(cache_rows[0], 0, index, out=buffer[0])
+            torch.index_select(cache_rows[1], 0, index, out=buffer[1])
+            k, v = buffer.view(2, n, num_kv_heads, num_blocks * block_size, head_dim)
             o = F.scaled_dot_product_attention(
                 q[start:end], k, v, attn_mask=visible[start:end, None, None, :], scale=spec.scale
             )
@@ -117,27 +132,36 @@ class CpuAttentionBackend(AttentionBackend):
         query_len = query.shape[0]
         window = spec.sliding_window
         fresh = seq_len == query_len and kv_cache.dtype == key.dtype
+        q = query.transpose(0, 1).unsqueeze(0)
         if fresh and (window is None or window >= seq_len):
-            k, v = key, value
+            k, v = (t.transpose(0, 1).unsqueeze(0) for t in (key, value))
             mask = None
         else:
             first = 0 if window is None else max(0, seq_len - query_len - window + 1)
             first_block = first // spec.block_size
-            last_block = -(-seq_len // spec.block_size)
-            ids = block_ids[first_block:last_block].long()
+            ids = block_ids[first_block : -(-seq_len // spec.block_size)].long().clamp(min=0)
             start = first_block * spec.block_size
-            k = kv_cache[0].index_select(0, ids).flatten(0, 1)[: seq_len - start]
-            v = kv_cache[1].index_select(0, ids).flatten(0, 1)[: seq_len - start]
+            index = head_rows(ids.unsqueeze(0), spec.num_kv_heads).flatten()
+            cache_rows = kv_cache.view(2, -1, spec.block_size * spec.head_dim)
+            shape = (1, spec.num_kv_heads, ids.numel() * spec.block_size, spec.head_dim)
+            k = cache_rows[0].index_select(0, index).view(shape)[:, :, : seq_len - start]
+            v = cache_rows[1].index_select(0, index).view(shape)[:, :, : seq_len - start]
             q_pos = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
             k_pos = torch.arange(start, seq_len).unsqueeze(0)
             mask = k_pos <= q_pos
             if window is not None:
                 mask &= k_pos > q_pos - window
         o = F.scaled_dot_product_attention(
-            query.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=mask, is_causal=mask is None, scale=spec.scale, enable_gqa=True,
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=spec.scale, enable_gqa=True
         )
-        return o.transpose(0, 1)
+        return o.squeeze(0).transpose(0, 1)
+
+
+def head_rows(block_ids: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Cache row ids ``[R, kv_heads * num_blocks]`` of each KV head's part of the given blocks,
+    KV head major, for the cache viewed as ``[2, num_blocks * kv_heads, block_size * head_dim]``."""
+    heads = torch.arange(num_kv_heads).view(1, -1, 1)
+    return (block_ids.unsqueeze(1) * num_kv_heads + heads).flatten(1)
 
 
 def write_kv(key, value, kv_cache, slot_mapping) -> None:
@@ -147,6 +171,11 @@ def write_kv(key, value, kv_cache, slot_mapping) -> None:
     if int(slot_mapping.min()) < 0:
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
-    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
+    block, offset = slot_mapping // block_size, slot_mapping % block_size
+    heads = torch.arange(num_kv_heads).unsqueeze(0)
+    rows = (block.unsqueeze(1) * num_kv_heads + heads) * block_size + offset.unsqueeze(1)
+    rows = rows.flatten()
+    flat = kv_cache.view(2, -1, head_dim)
+    flat[0].index_copy_(0, rows, key.reshape(-1, head_dim).to(kv_cache.dtype))
+    flat[1].index_copy_(0, rows, value.reshape(-1, head_dim).to(kv_cache.dtype))

@@ -1,12 +1,17 @@
 """Batched sampling on the host CPU: greedy, temperature, top-k, top-p, min-p.
 
-Work is skipped by the metadata's flags (``all_greedy``, ``no_top_k``, ...). top-k takes the
-k-th value from ``topk`` of the largest k in the batch rather than a full sort; top-p sorts only
-those top-k candidates when every top-p row also has a top-k, and the whole row otherwise;
-min-p compares logits with ``max + log(min_p)``, which equals comparing probabilities with
-``min_p * max_prob``. Draws use the reference's exponential race with the same noise (global
-generator for every row, then each seeded row's own generator), so with equal inputs and seeds
-this sampler picks the reference's tokens.
+Work is skipped by the metadata's flags (``all_greedy``, ``no_top_k``, ...). A draw is one
+uniform per row mapped through the row's cumulative distribution (inverse CDF in float64),
+not the reference's exponential race over the whole vocabulary: one random number per row
+instead of ``V`` (the race's ``exponential_`` alone costs more than everything else here).
+Seeded rows take their uniform from their own generator, so they are reproducible whatever
+the batch; the tokens differ from the reference's for the same seed.
+
+When every row has a top-k, everything happens on the ``topk`` candidates (sorted, a few
+dozen per row) instead of the vocabulary. Otherwise the filters work on full rows: top-k
+masks below the k-th value, top-p finds its cut-off among the 128 most likely tokens when
+they hold enough mass (almost always with a trained model) and by bisection otherwise, never
+sorting the vocabulary; min-p masks below ``min_p * max_prob``. Ties at a cut-off are kept.
 """
 
 from __future__ import annotations
@@ -15,55 +20,110 @@ import torch
 
 from octavo.platform.types import SamplingMetadata
 
-NEG_INF = float("-inf")
+TOP_P_CANDIDATES = 128
 
 
-def top_k_threshold(scaled: torch.Tensor, top_k: torch.Tensor):
-    """Per-row k-th largest value (-inf where top-k is off) and the sorted top candidates."""
-    vocab = scaled.shape[-1]
-    k = top_k.long()
-    active = (k > 0) & (k < vocab)
-    k = torch.where(active, k, torch.ones_like(k))
-    candidates = scaled.topk(int(k.max()), dim=-1).values
-    kth = candidates.gather(1, (k - 1).unsqueeze(1))
-    return kth.masked_fill_(~active.unsqueeze(1), NEG_INF), candidates, active
-
-
-def top_p_threshold(sorted_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per-row smallest logit top-p keeps (-inf where top-p is off), given each row's
-    candidates sorted descending with everything outside them already masked."""
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1).sub_(probs)
-    num_kept = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True).clamp_(min=1)
-    threshold = sorted_logits.gather(1, num_kept - 1)
-    return threshold.masked_fill_((top_p >= 1.0).unsqueeze(1), NEG_INF)
-
-
-def apply_filters_(scaled: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """Mask (in place) what top-k, then top-p, then min-p exclude."""
-    candidates = None
-    if not metadata.no_top_k:
-        kth, candidates, has_top_k = top_k_threshold(scaled, metadata.top_k)
-        scaled.masked_fill_(scaled < kth, NEG_INF)
-    if not metadata.no_top_p:
-        # The top-k candidates suffice unless some top-p row has no top-k.
-        if candidates is not None and not bool(((metadata.top_p < 1.0) & ~has_top_k).any()):
-            sorted_logits = candidates.masked_fill(candidates < kth, NEG_INF)
-        else:
-            sorted_logits = scaled.sort(dim=-1, descending=True).values
-        scaled.masked_fill_(scaled < top_p_threshold(sorted_logits, metadata.top_p), NEG_INF)
-    if not metadata.no_min_p:
-        floor = scaled.amax(dim=-1, keepdim=True) + metadata.min_p.log().unsqueeze(1)
-        scaled.masked_fill_(scaled < floor, NEG_INF)
-    return scaled
-
-
-def exponential_noise_(probs: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """Exp(1) noise shaped like ``probs``; seeded rows redraw from their own generators."""
-    noise = torch.empty_like(probs).exponential_()
+def uniforms(num_rows: int, metadata: SamplingMetadata, device) -> torch.Tensor:
+    """U[0, 1) per row in float64; seeded rows draw from their own generator."""
+    u = torch.rand(num_rows, dtype=torch.float64, device=device)
     for row, generator in metadata.generators.items():
-        noise[row].exponential_(generator=generator)
-    return noise
+        u[row] = torch.rand(1, dtype=torch.float64, generator=generator, device=device)[0]
+    return u
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Column index per row drawn with probability proportional to ``weights`` (>= 0).
+
+    ``u < 1`` keeps ``u * total`` strictly below the last cumulative value, so the chosen
+    column always has positive weight."""
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return index.clamp_(max=weights.shape[-1] - 1)
+
+
+def prefix_threshold(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The smallest probability top-p keeps, from each row's probabilities sorted descending:
+    token ``i`` is kept while the mass before it is below ``p``."""
+    mass_before = sorted_probs.cumsum(dim=-1).sub_(sorted_probs)
+    num_kept = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True).clamp_(min=1)
+    return sorted_probs.gather(1, num_kept - 1)
+
+
+def bisect_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The largest probability ``t`` with ``sum(probs[probs >= t]) >= p``, by bisection over
+    float32 bit patterns (ordered like the values for non-negative floats); 31 passes."""
+    low = torch.zeros(probs.shape[0], 1, dtype=torch.int32)
+    high = torch.full_like(low, 0x3F800000)  # bits of 1.0
+    top_p = top_p.unsqueeze(1)
+    for _ in range(31):
+        mid = low + (high - low + 1) // 2
+        threshold = mid.view(torch.float32)
+        mass = torch.where(probs >= threshold, probs, 0.0).sum(dim=-1, keepdim=True)
+        enough = mass >= top_p
+        low = torch.where(enough, mid, low)
+        high = torch.where(enough, high, mid - 1)
+    return low.view(torch.float32)
+
+
+def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per-row top-p cut-off for full rows of probabilities (0 where top-p is off)."""
+    candidates = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1).values
+    threshold = prefix_threshold(candidates, top_p)
+    short = (candidates.sum(dim=-1) < top_p) & (top_p < 1.0)
+    if bool(short.any()):
+        rows = short.nonzero().flatten()
+        threshold[rows] = bisect_threshold(probs[rows], top_p[rows])
+    return threshold.masked_fill_((top_p >= 1.0).unsqueeze(1), 0.0)
+
+
+def filter_probs_(probs: torch.Tensor, metadata: SamplingMetadata, sorted_rows: bool) -> None:
+    """Zero (in place) what top-p, then min-p exclude from already top-k-filtered probs."""
+    if not metadata.no_top_p:
+        if sorted_rows:
+            threshold = prefix_threshold(probs, metadata.top_p)
+            threshold.masked_fill_((metadata.top_p >= 1.0).unsqueeze(1), 0.0)
+        else:
+            threshold = top_p_threshold(probs, metadata.top_p)
+        probs.masked_fill_(probs < threshold, 0.0)
+    if not metadata.no_min_p:
+        floor = probs.amax(dim=-1, keepdim=True) * metadata.min_p.unsqueeze(1)
+        probs.masked_fill_(probs < floor, 0.0)
+
+
+def sample_top_k_candidates(logits, temperature, metadata: SamplingMetadata):
+    """Every row has a top-k: sample among ``topk`` candidates. None if a tie straddles a
+    row's k-th value (the full-row path keeps such ties)."""
+    vocab = logits.shape[-1]
+    k = metadata.top_k.long()
+    k_max = int(k.max())
+    values, indices = logits.topk(min(k_max + 1, vocab), dim=-1)
+    kth = values.gather(1, (k - 1).unsqueeze(1))
+    if values.shape[1] > k_max and bool((values.gather(1, k.unsqueeze(1)) == kth).any()):
+        return None
+    values, indices = values[:, :k_max], indices[:, :k_max]
+    scaled = values.float().div(temperature.unsqueeze(1))
+    scaled.masked_fill_(torch.arange(k_max) >= k.unsqueeze(1), float("-inf"))
+    probs = scaled.softmax(dim=-1)
+    filter_probs_(probs, metadata, sorted_rows=True)
+    choice = inverse_cdf(probs, uniforms(probs.shape[0], metadata, probs.device))
+    return indices.gather(1, choice.unsqueeze(1)).squeeze(1)
+
+
+def sample_full_rows(logits, temperature, metadata: SamplingMetadata) -> torch.Tensor:
+    """Filters and the draw over whole vocabulary rows."""
+    scaled = logits.float().div(temperature.unsqueeze(1))
+    if not metadata.no_top_k:
+        vocab = scaled.shape[-1]
+        k = metadata.top_k.long()
+        active = (k > 0) & (k < vocab)
+        k = torch.where(active, k, torch.ones_like(k))
+        kth = scaled.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+        kth.masked_fill_(~active.unsqueeze(1), float("-inf"))
+        scaled.masked_fill_(scaled < kth, float("-inf"))
+    probs = scaled.softmax(dim=-1)
+    filter_probs_(probs, metadata, sorted_rows=False)
+    return inverse_cdf(probs, uniforms(probs.shape[0], metadata, probs.device))
 
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -73,10 +133,12 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     temperature = metadata.temperature.float()
     if not metadata.all_random:
         temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    scaled = logits.float().div(temperature.unsqueeze(1))
-    apply_filters_(scaled, metadata)
-    probs = scaled.softmax(dim=-1)
-    sampled = probs.div_(exponential_noise_(probs, metadata)).argmax(dim=-1)
+    sampled = None
+    top_k = metadata.top_k
+    if not metadata.no_top_k and bool(((top_k > 0) & (top_k < logits.shape[-1])).all()):
+        sampled = sample_top_k_candidates(logits, temperature, metadata)
+    if sampled is None:
+        sampled = sample_full_rows(logits, temperature, metadata)
     if metadata.all_random:
         return sampled
     return torch.where(metadata.temperature > 0, sampled, logits.argmax(dim=-1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from octavo.testing.conformance.sampling_cases import (
@@ -18,12 +19,14 @@ from octavo.testing.conformance.sampling_cases import (
 VOCAB = 257  # not a power of two: tiles that assume one must mask their tail
 
 
-def spaced_logits(num_rows: int, vocab: int, seed: int) -> torch.Tensor:
-    """Rows whose sorted logits are at least 0.05 apart, in a random token order."""
+def spaced_logits(num_rows: int, vocab: int, seed: int, spacing: float = 0.08) -> torch.Tensor:
+    """Rows whose sorted logits are evenly spaced (with jitter of under 40% of the spacing,
+    so they stay distinct), in a random token order."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(num_rows):
-        values = -0.08 * torch.arange(vocab) + 0.03 * torch.rand(vocab, generator=generator)
+        jitter = 0.375 * spacing * torch.rand(vocab, generator=generator)
+        values = -spacing * torch.arange(vocab) + jitter
         rows.append(values[torch.randperm(vocab, generator=generator)])
     return torch.stack(rows)
 
@@ -54,33 +57,60 @@ def test_greedy_rows_in_a_mixed_batch(octavo_platform, octavo_device):
         assert tokens[row].item() == logits[row].argmax().item(), f"greedy row {row}"
 
 
-def test_random_rows_stay_in_the_allowed_set(octavo_platform, octavo_device):
-    """Every draw is one of the tokens top-k, then top-p, then min-p keep."""
-    sampler = octavo_platform.sampler(VOCAB)
-    specs = [
-        RowSpec(1.0, keep_top_k=5),
-        RowSpec(0.7, keep_top_p=4),
-        RowSpec(1.5, keep_min_p=6),
-        RowSpec(1.0, keep_top_k=12, keep_top_p=7, keep_min_p=3),
-        RowSpec(0.9, keep_top_p=1),
-        RowSpec(2.0),
-    ]
-    copies = 48
-    logits = spaced_logits(len(specs), VOCAB, seed=2).repeat_interleave(copies, 0)
+# Rows mixing filters (some rows without top-k), and batches where every row has a top-k
+# (a kernel may then work on the top-k candidates alone).
+MIXED_SPECS = (
+    RowSpec(1.0, keep_top_k=5),
+    RowSpec(0.7, keep_top_p=4),
+    RowSpec(1.5, keep_min_p=6),
+    RowSpec(1.0, keep_top_k=12, keep_top_p=7, keep_min_p=3),
+    RowSpec(0.9, keep_top_p=1),
+    RowSpec(2.0),
+)
+ALL_TOP_K_SPECS = (
+    RowSpec(1.0, keep_top_k=5),
+    RowSpec(0.7, keep_top_k=40, keep_top_p=4),
+    RowSpec(1.5, keep_top_k=9, keep_min_p=6),
+    RowSpec(1.0, keep_top_k=12, keep_top_p=7, keep_min_p=3),
+    RowSpec(2.0, keep_top_k=1),
+)
+
+
+def draw_within_allowed(sampler, device, logits, specs, copies, seed):
+    """Sample ``copies`` draws of each row; assert each lies in its allowed set."""
+    logits = logits.repeat_interleave(copies, 0)
     params = [row_params(row, specs[i // copies]) for i, row in enumerate(logits)]
-    torch.manual_seed(0)
-    metadata = make_metadata(params, octavo_device)
-    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
+    torch.manual_seed(seed)
+    metadata = make_metadata(params, device)
+    tokens = sampler(logits.to(device, copy=True), metadata).cpu()
     assert tokens.shape == (len(logits),) and tokens.dtype == torch.int64
-    off_greedy = 0
     for i, (row, p) in enumerate(zip(logits, params)):
         token = tokens[i].item()
         assert token in allowed_tokens(row, p.num_allowed), (
             f"row {i} ({specs[i // copies]}) drew token {token}, "
             f"outside its {p.num_allowed} allowed"
         )
-        off_greedy += token != row.argmax().item()
+    return logits, tokens
+
+
+@pytest.mark.parametrize("specs", (MIXED_SPECS, ALL_TOP_K_SPECS), ids=("mixed", "all_top_k"))
+def test_random_rows_stay_in_the_allowed_set(octavo_platform, octavo_device, specs):
+    """Every draw is one of the tokens top-k, then top-p, then min-p keep."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(len(specs), VOCAB, seed=2)
+    logits, tokens = draw_within_allowed(sampler, octavo_device, logits, specs, 48, seed=0)
+    off_greedy = (tokens != logits.argmax(-1)).sum().item()
     assert off_greedy > len(logits) // 4, "random rows nearly always drew the argmax"
+
+
+def test_top_p_over_a_flat_distribution(octavo_platform, octavo_device):
+    """Top-p that keeps 200 near-equal tokens: no shortcut may cap the candidates."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(1, VOCAB, seed=6, spacing=0.005)
+    specs = (RowSpec(1.0, keep_top_p=200),)
+    _, tokens = draw_within_allowed(sampler, octavo_device, logits, specs, 96, seed=3)
+    rank = logits[0].argsort(descending=True).argsort()
+    assert (rank[tokens] >= 128).any(), "no draw beyond the 128 most likely tokens"
 
 
 def test_top_k_beyond_vocab_means_all_tokens(octavo_platform, octavo_device):
@@ -121,16 +151,24 @@ def test_seeded_rows_do_not_depend_on_the_batch(octavo_platform, octavo_device):
     assert other[0].tolist() != first[0].tolist(), "seeds 7 and 8 drew the same six tokens"
 
 
+DISTRIBUTION_SPECS = {
+    "mixed": (RowSpec(0.7, keep_top_k=6), RowSpec(1.3, keep_top_p=7),
+              RowSpec(1.0, keep_min_p=5), RowSpec(1.0)),
+    "all_top_k": (RowSpec(0.7, keep_top_k=6), RowSpec(1.3, keep_top_k=9, keep_top_p=5),
+                  RowSpec(1.0, keep_top_k=8, keep_min_p=4)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISTRIBUTION_SPECS))
 def test_draws_follow_the_filtered_softmax(
-    octavo_platform, octavo_device, octavo_conformance_quick
+    octavo_platform, octavo_device, octavo_conformance_quick, case
 ):
     """Empirical frequencies over many draws match softmax(logits / T) over the allowed set."""
     vocab = 10
     sampler = octavo_platform.sampler(vocab)
     base = torch.tensor([2.0, 1.6, 1.1, 0.9, 0.4, 0.0, -0.3, -0.8, -1.5, -2.0])
     generator = torch.Generator().manual_seed(5)
-    specs = [RowSpec(0.7, keep_top_k=6), RowSpec(1.3, keep_top_p=7), RowSpec(1.0, keep_min_p=5),
-             RowSpec(1.0)]
+    specs = DISTRIBUTION_SPECS[case]
     rows = [base[torch.randperm(vocab, generator=generator)] for _ in specs]
     draws = 400 if octavo_conformance_quick else 1500
     logits = torch.stack(rows).repeat_interleave(draws, 0)
