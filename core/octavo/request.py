@@ -11,6 +11,8 @@ from octavo.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from octavo.kv_cache.hashing import BlockHash
 
+_DEFAULT_SAMPLING_PARAMS = SamplingParams()  # frozen, so one instance serves every request
+
 BlockHasherFn = Callable[["Request"], "list[BlockHash]"]
 """``fn(request) -> hashes of the blocks that became full since the last call`` (see
 ``octavo.kv_cache.hashing.BlockHasher``); it also exposes ``block_size``."""
@@ -61,6 +63,7 @@ class Request:
         "_all_token_ids",
         "_block_hasher",
         "_block_size",
+        "_next_hash_at",
     )
 
     def __init__(
@@ -86,7 +89,7 @@ class Request:
             )
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        self.sampling_params = _DEFAULT_SAMPLING_PARAMS if sampling_params is None else sampling_params
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
@@ -100,8 +103,13 @@ class Request:
         self._block_hasher = block_hasher
         self._block_size = block_hasher.block_size if block_hasher is not None else 0
         self.block_hashes: list[BlockHash] = []
+        self._next_hash_at = 0  # num_tokens at which the next block fills (0: no hasher)
         if block_hasher is not None:
-            self.block_hashes.extend(block_hasher(self))
+            self._hash_new_blocks()
+
+    def _hash_new_blocks(self) -> None:
+        self.block_hashes.extend(self._block_hasher(self))
+        self._next_hash_at = (len(self.block_hashes) + 1) * self._block_size
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -143,9 +151,8 @@ class Request:
             token_ids = list(token_ids)
             self._output_token_ids.extend(token_ids)
             self._all_token_ids.extend(token_ids)
-        hasher = self._block_hasher
-        if hasher is not None and len(self._all_token_ids) >= (len(self.block_hashes) + 1) * self._block_size:
-            self.block_hashes.extend(hasher(self))
+        if self._next_hash_at and len(self._all_token_ids) >= self._next_hash_at:
+            self._hash_new_blocks()
 
     def fork(self, request_id: str) -> "Request":
         """A child with the same tokens, progress and block hashes (for n>1 and beam search).

@@ -22,7 +22,11 @@ def test_free_queue_operations_keep_order_and_count():
     queue.append(blocks[0])
     queue.appendleft(blocks[2])
     assert ids(queue) == [2, 1, 3, 4, 0] and len(queue) == 5
-    for _ in range(5):
+    assert queue.popleft_n(2) == [blocks[2], blocks[1]] and ids(queue) == [3, 4, 0]
+    assert len(queue) == 3 and blocks[1].next_free is None
+    with pytest.raises(IndexError):
+        queue.popleft_n(4)
+    for _ in range(3):
         queue.popleft()
     with pytest.raises(IndexError):
         queue.popleft()

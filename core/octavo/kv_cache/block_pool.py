@@ -50,6 +50,21 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
+    def popleft_n(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the head, in order."""
+        if num_blocks > self.num_free_blocks:
+            raise IndexError(f"{num_blocks} blocks asked for, {self.num_free_blocks} free")
+        head = self._head
+        taken = []
+        for _ in range(num_blocks):
+            block = head.next_free
+            head.next_free = nxt = block.next_free
+            nxt.prev_free = head
+            block.prev_free = block.next_free = None
+            taken.append(block)
+        self.num_free_blocks -= num_blocks
+        return taken
+
     def remove(self, block: KVCacheBlock) -> None:
         """Take ``block`` out of the queue, wherever it is."""
         prev, nxt = block.prev_free, block.next_free
@@ -61,17 +76,20 @@ class FreeBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail: reused last."""
-        self._link(block, self._tail.prev_free, self._tail)
+        assert block.prev_free is None and block.next_free is None, f"{block} is already free"
+        tail = self._tail
+        block.prev_free = prev = tail.prev_free
+        block.next_free = tail
+        prev.next_free = tail.prev_free = block
+        self.num_free_blocks += 1
 
     def appendleft(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the head: reused first."""
-        self._link(block, self._head, self._head.next_free)
-
-    def _link(self, block: KVCacheBlock, prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
         assert block.prev_free is None and block.next_free is None, f"{block} is already free"
-        block.prev_free, block.next_free = prev, nxt
-        prev.next_free = block
-        nxt.prev_free = block
+        head = self._head
+        block.next_free = nxt = head.next_free
+        block.prev_free = head
+        head.next_free = nxt.prev_free = block
         self.num_free_blocks += 1
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
@@ -113,15 +131,12 @@ class BlockPool:
         """Take ``num_blocks`` blocks from the head of the free queue, evicting cached ones."""
         if num_blocks > self.free_queue.num_free_blocks:
             raise ValueError(f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
-        popleft = self.free_queue.popleft
-        new_blocks = []
-        for _ in range(num_blocks):
-            block = popleft()
+        new_blocks = self.free_queue.popleft_n(num_blocks)
+        for block in new_blocks:
             if block.block_hash is not None:
                 self._drop_hash(block)
                 self.num_evictions += 1
             block.ref_cnt = 1
-            new_blocks.append(block)
         return new_blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:

@@ -126,6 +126,18 @@ class KVCacheManager:
         """
         block_size = self.block_size
         entry = self._tables.get(request.request_id)
+        if entry is not None and not new_computed_blocks:
+            # The decode fast path: the slots exist and no shared block is written.
+            num_computed = request.num_computed_tokens
+            num_used = num_computed + num_new_tokens
+            blocks = entry.blocks
+            if num_used + num_lookahead_tokens <= len(blocks) * block_size and (
+                not num_computed % block_size or blocks[num_computed // block_size].ref_cnt == 1
+            ):
+                entry.num_used_slots = num_used
+                if self.enable_caching and num_used // block_size > entry.num_cached_blocks:
+                    self._publish_full_blocks(request, entry, num_used // block_size)
+                return []
         blocks = entry.blocks if entry is not None else []
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_used = num_computed + num_new_tokens
@@ -137,10 +149,11 @@ class KVCacheManager:
                 cow_index = index
         num_needed = max(num_new_blocks, 0) + (cow_index >= 0)
         pool = self.block_pool
-        if num_needed or new_computed_blocks:
-            num_touched_free = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
-            if num_needed > pool.free_queue.num_free_blocks - num_touched_free:
-                return None
+        num_available = pool.free_queue.num_free_blocks
+        if new_computed_blocks:  # hits lying in the free queue stop being free
+            num_available -= sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if num_needed > num_available:
+            return None
         if entry is None:
             entry = self._tables[request.request_id] = _RequestBlocks(blocks)
         if new_computed_blocks:
