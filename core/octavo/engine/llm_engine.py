@@ -39,19 +39,24 @@ class LLMEngine:
     def tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """``prompt`` as (text, token ids): a string, a list of token ids, or
         ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``."""
+        text = None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            prompt = prompt.get("prompt")
+                text, prompt = prompt.get("prompt"), prompt["prompt_token_ids"]
+            else:
+                prompt = prompt.get("prompt")
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty; give at least one token of text")
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            if not prompt:
-                raise ValueError("the prompt is empty; give at least one token id")
-            return None, list(prompt)
-        raise ValueError(f"a prompt must be text, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; got {type(prompt).__name__}")
+            text, token_ids = prompt, (self.tokenizer.encode(prompt) if prompt else [])
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            token_ids = list(prompt)
+        else:
+            raise ValueError(
+                "a prompt must be text, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
+                f"got {type(prompt).__name__}"
+            )
+        if not token_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        return text, token_ids
 
     def add_request(
         self,
