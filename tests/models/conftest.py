@@ -60,6 +60,15 @@ class TransformersOracle:
         return self._greedy[key]
 
     @torch.no_grad()
+    def greedy_with_logits(self, path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.float32):
+        """(tokens, per-step logits [max_new_tokens, V] in fp32) of transformers' greedy decoding."""
+        out = self.model(path, dtype).generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
+            output_logits=True, return_dict_in_generate=True,
+        )
+        return out.sequences[0, len(prompt):].tolist(), torch.cat(out.logits).float()
+
+    @torch.no_grad()
     def last_logits(self, path: Path, prompt: list[int], dtype=torch.float32) -> torch.Tensor:
         return self.model(path, dtype)(torch.tensor([prompt])).logits[0, -1].float()
 

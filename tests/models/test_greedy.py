@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -44,10 +46,27 @@ def test_greedy_mixed_batch_matches_transformers(arch, block_size, chunk_size, t
     assert outputs == expected
 
 
+def bf16_tie(logits: torch.Tensor, a: int, b: int) -> bool:
+    """Whether tokens ``a`` and ``b`` are within two bfloat16 ulps of each other in ``logits``."""
+    ulp = 2.0 ** (math.floor(math.log2(abs(logits.max().item()) or 1.0)) - 7)
+    return abs(logits[a].item() - logits[b].item()) <= 2 * ulp
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_bfloat16_first_16_greedy_tokens_match_transformers(arch, tiny_models, make_runner, oracle):
+    """Identical tokens, except that both may stop agreeing at an exact bfloat16 tie between the
+    two top tokens: there rounding decides, and transformers' own sdpa and eager attention
+    disagree too. A divergence where either model has a clear winner fails."""
     path = tiny_models[arch]
     runner = make_runner(path, dtype="bfloat16")
+    steps = []
+    runner.logits_processors.append(lambda logits, batch, rows: steps.append(logits.clone()) or logits)
     outputs = run_greedy(runner, PROMPTS, 16)
-    expected = [oracle.greedy(path, p, 16, torch.bfloat16) for p in PROMPTS]
-    assert outputs == expected
+    for i, (prompt, ours) in enumerate(zip(PROMPTS, outputs)):
+        expected, hf_logits = oracle.greedy_with_logits(path, prompt, 16, torch.bfloat16)
+        n = next((k for k in range(16) if ours[k] != expected[k]), None)
+        if n is None:
+            continue
+        assert bf16_tie(hf_logits[n], ours[n], expected[n]) and bf16_tie(steps[n][i], ours[n], expected[n]), (
+            f"prompt {i} diverges from transformers at token {n} without a tie: {ours} != {expected}"
+        )

@@ -85,9 +85,12 @@ class InputBatch:
         )
         # staging buffers for one step's sampling rows
         self._sampling_cpu = {
-            name: _host_buffer(max_num_reqs, dtype, pin)
-            for name, dtype in (("temperature", torch.float32), ("top_k", torch.int32),
-                                ("top_p", torch.float32), ("min_p", torch.float32))
+            name: (buffer, buffer.numpy())
+            for name, buffer in (
+                (name, _host_buffer(max_num_reqs, dtype, pin))
+                for name, dtype in (("temperature", torch.float32), ("top_k", torch.int32),
+                                    ("top_p", torch.float32), ("min_p", torch.float32))
+            )
         }
 
     @property
@@ -184,11 +187,13 @@ class InputBatch:
     def sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
         """Sampling tensors for the batch rows ``rows`` (in that order), on the device."""
         count = len(rows)
+        # Usually every row samples: then rows are 0..count-1 and slices replace gathers.
+        select = slice(0, count) if rows[-1] == count - 1 else rows
         staged = {}
-        for name, buffer in self._sampling_cpu.items():
-            np.take(getattr(self, name), rows, out=buffer.numpy()[:count])
+        for name, (buffer, buffer_np) in self._sampling_cpu.items():
+            buffer_np[:count] = getattr(self, name)[select]
             staged[name] = buffer[:count].to(self.device, non_blocking=True)
-        temperature, top_k, top_p = self.temperature[rows], self.top_k[rows], self.top_p[rows]
+        temperature, top_k, top_p = self.temperature[select], self.top_k[select], self.top_p[select]
         generators = {}
         if self.generators:
             position = {int(row): i for i, row in enumerate(rows)}
@@ -199,9 +204,9 @@ class InputBatch:
             top_p=staged["top_p"],
             min_p=staged["min_p"],
             generators=generators,
-            all_greedy=bool((temperature == 0).all()),
-            all_random=bool((temperature > 0).all()),
+            all_greedy=not temperature.any(),
+            all_random=bool(temperature.all()),
             no_top_k=bool(((top_k <= 0) | (top_k >= self.vocab_size)).all()),
             no_top_p=bool((top_p >= 1).all()),
-            no_min_p=bool((self.min_p[rows] <= 0).all()),
+            no_min_p=not self.min_p[select].any(),
         )

@@ -179,6 +179,7 @@ class ModelRunner:
             state = CachedRequestState.from_new(new, self.device)
             self.requests[new.req_id] = state
             batch.add_request(state)
+        rows, num_computed = [], []
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             state.num_computed_tokens = cached.num_computed_tokens
@@ -187,17 +188,23 @@ class ModelRunner:
                 start = 0
             if start is not None:
                 del state.block_ids[start:]
-            state.block_ids.extend(cached.new_block_ids)
-            state.output_token_ids.extend(cached.new_token_ids)
+            if cached.new_block_ids:
+                state.block_ids.extend(cached.new_block_ids)
+            if cached.new_token_ids:
+                state.output_token_ids.extend(cached.new_token_ids)
             row = batch.req_id_to_index.get(cached.req_id)
             if row is None:
                 batch.add_request(state)
                 continue
-            batch.num_computed_tokens[row] = cached.num_computed_tokens
+            rows.append(row)
+            num_computed.append(cached.num_computed_tokens)
             if start is not None:
                 batch.num_blocks[row] = start
-            batch.append_block_ids(row, cached.new_block_ids)
-            batch.append_token_ids(row, cached.new_token_ids)
+            if cached.new_block_ids:
+                batch.append_block_ids(row, cached.new_block_ids)
+            if cached.new_token_ids:
+                batch.append_token_ids(row, cached.new_token_ids)
+        batch.num_computed_tokens[rows] = num_computed
         batch.condense()
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
@@ -205,7 +212,7 @@ class ModelRunner:
         batch, bs = self.input_batch, self.block_size
         num_reqs = batch.num_reqs
         req_ids = batch.req_ids[:num_reqs]
-        num_scheduled = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), np.int64, num_reqs)
+        num_scheduled = np.fromiter(map(so.num_scheduled_tokens.__getitem__, req_ids), np.int64, num_reqs)
         cu_num_tokens = np.cumsum(num_scheduled)
         total = int(cu_num_tokens[-1])
         assert total == so.total_num_scheduled_tokens, "num_scheduled_tokens does not add up to the total"
