@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from kv_sim import SimWorker, run_chunk
 
 from octavo.errors import ConfigError
-from octavo.kv_cache import KVCacheManager, TransferKind, apply_block_transfers
+from octavo.kv_cache import KVCacheManager, TransferKind, allocate_host_caches, apply_block_transfers
+from octavo.platform.types import AttentionBackend, AttentionSpec
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 
@@ -48,6 +50,7 @@ def test_shared_prefix_hits_and_reads_the_same_kv(manager, worker):
     b = make(manager, "b", [*range(8), 50, 51, 52])
     assert prefill(manager, worker, b) == 8
     assert manager.get_block_ids("b")[:2] == manager.get_block_ids("a")[:2]
+    assert manager.get_block_ids("b", start=2) == manager.get_block_ids("b")[2:] and manager.get_num_blocks("b") == 3
     worker.assert_holds(b)
     stats = manager.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (21, 8)
@@ -325,3 +328,28 @@ def test_invalid_construction():
         KVCacheManager(0, BS)
     with pytest.raises(ConfigError, match="sha256, fast"):
         KVCacheManager(4, BS, hash_algo="md5")
+
+
+def test_swap_round_trip_restores_float_kv_bit_for_bit():
+    """Random K/V in the default layout, two layers: swap out, clobber the device, swap in."""
+    manager = KVCacheManager(8, BS, enable_caching=False, num_host_blocks=4)
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16, block_size=BS, scale=1.0)
+    backend = AttentionBackend(spec)
+    generator = torch.Generator().manual_seed(0)
+    device = [torch.randn(backend.kv_cache_shape(8), generator=generator).to(torch.bfloat16) for _ in range(2)]
+    host = allocate_host_caches(backend, 2, 4, torch.bfloat16)
+    assert device[0].shape == (2, 8, BS, 2, 8) and host[0].shape == (2, 4, BS, 2, 8)
+    a = make(manager, "a", range(10))
+    manager.allocate_slots(a, 10)
+    a.num_computed_tokens = 10
+    before = [cache[:, manager.get_block_ids("a")].clone() for cache in device]
+    manager.swap_out(a)
+    apply_block_transfers(backend, device, host, manager.take_pending_copies().transfers)
+    for cache in device:
+        cache.fill_(float("nan"))
+    filler = make(manager, "f", range(4))
+    manager.allocate_slots(filler, 4)  # the swapped-in copy lands on other blocks
+    manager.swap_in(a)
+    apply_block_transfers(backend, device, host, manager.take_pending_copies().transfers)
+    for cache, expected in zip(device, before):
+        assert torch.equal(cache[:, manager.get_block_ids("a")], expected)

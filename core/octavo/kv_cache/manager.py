@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 from octavo.errors import ConfigError
 from octavo.kv_cache.block_pool import BlockPool, KVCacheBlock
 from octavo.kv_cache.hashing import BlockHasher
-from octavo.kv_cache.stats import KVCacheStats
+from octavo.kv_cache.stats import KVCacheStats, count_waste
 from octavo.kv_cache.swap import HostBlockPool
 from octavo.kv_cache.transfers import BlockTableUpdate, PendingCopies, TransferKind, TransferLog
 from octavo.request import Request
@@ -73,10 +73,16 @@ class KVCacheManager:
         """Fraction of blocks referenced by requests."""
         return 1.0 - self.block_pool.free_queue.num_free_blocks / len(self.block_pool.blocks)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table (empty when it holds no device blocks)."""
+    def get_block_ids(self, request_id: str, start: int = 0) -> list[int]:
+        """The request's block table from logical block ``start`` on (empty when it holds no
+        device blocks). Pass ``start`` to fetch only the blocks a worker has not seen yet."""
         entry = self._tables.get(request_id)
-        return [] if entry is None else [block.block_id for block in entry.blocks]
+        return [] if entry is None else [block.block_id for block in entry.blocks[start:]]
+
+    def get_num_blocks(self, request_id: str) -> int:
+        """How many blocks the request's table holds."""
+        entry = self._tables.get(request_id)
+        return 0 if entry is None else len(entry.blocks)
 
     def get_host_block_ids(self, request_id: str) -> list[int]:
         """The host blocks a swapped-out request's KV waits in (empty when not swapped out)."""
@@ -326,18 +332,11 @@ class KVCacheManager:
 
     def stats(self) -> KVCacheStats:
         """A snapshot for the metrics layer (O(running requests))."""
-        block_size = self.block_size
-        waste_by_block: dict[int, int] = {}
-        max_request_waste = 0
-        for entry in self._tables.values():
-            blocks, used = entry.blocks, entry.num_used_slots
-            max_request_waste = max(max_request_waste, len(blocks) * block_size - used)
-            for i in range(used // block_size, len(blocks)):
-                waste = block_size - max(0, used - i * block_size)
-                block_id = blocks[i].block_id
-                waste_by_block[block_id] = min(waste, waste_by_block.get(block_id, block_size))
         pool = self.block_pool
-        num_allocated_slots = (pool.num_blocks - pool.num_free_blocks) * block_size
+        num_allocated_slots = (pool.num_blocks - pool.num_free_blocks) * self.block_size
+        wasted, max_request_waste = count_waste(
+            ((entry.blocks, entry.num_used_slots) for entry in self._tables.values()), self.block_size
+        )
         return KVCacheStats(
             num_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free_blocks,
@@ -346,7 +345,7 @@ class KVCacheManager:
             prefix_cache_hits=self.prefix_cache_hits,
             num_evictions=pool.num_evictions,
             num_allocated_slots=num_allocated_slots,
-            num_used_slots=num_allocated_slots - sum(waste_by_block.values()),
+            num_used_slots=num_allocated_slots - wasted,
             max_request_waste=max_request_waste,
             num_running_requests=len(self._tables),
             num_host_blocks=self.host_pool.num_blocks,

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from octavo.kv_cache.block_pool import KVCacheBlock
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,3 +49,18 @@ class KVCacheStats:
     @property
     def fragmentation_ratio(self) -> float:
         return self.fragmentation / self.num_allocated_slots if self.num_allocated_slots else 0.0
+
+
+def count_waste(tables: Iterable[tuple[list["KVCacheBlock"], int]], block_size: int) -> tuple[int, int]:
+    """(empty slots in the referenced blocks, the largest waste of one table) for ``(block table,
+    used slots)`` pairs. Only blocks at or past a table's first non-full one can hold empty slots;
+    a block shared by several tables counts once."""
+    waste_by_block: dict[int, int] = {}
+    max_table_waste = 0
+    for blocks, num_used in tables:
+        max_table_waste = max(max_table_waste, len(blocks) * block_size - num_used)
+        for i in range(num_used // block_size, len(blocks)):
+            waste = block_size - max(0, num_used - i * block_size)
+            block_id = blocks[i].block_id
+            waste_by_block[block_id] = min(waste, waste_by_block.get(block_id, block_size))
+    return sum(waste_by_block.values()), max_table_waste
