@@ -240,4 +240,4 @@ TestKVCache.settings = _settings
 TestKVCacheBigBlocks = KVCacheMachineBigBlocks.TestCase
 TestKVCacheBigBlocks.settings = _settings
 TestKVCacheNoCaching = KVCacheMachineNoCaching.TestCase
-TestKVCacheNoCaching.settings = _settings
+TestKVCacheNoCaching.settings = settings(_settings, max_examples=40)
