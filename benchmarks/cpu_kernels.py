@@ -25,7 +25,7 @@ from octavo.platform.types import AttentionMetadata, AttentionSpec, SamplingMeta
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.sampler import sample
-from octavo_cpu.token_bitmask import make_apply_token_bitmask
+from octavo_cpu.token_bitmask import TokenBitmaskKernel
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HIDDEN, VOCAB = 12, 4, 64, 768, 32000
 
@@ -158,7 +158,7 @@ def bench_bitmask(num_reqs, repeats):
     logits = torch.randn(num_reqs, VOCAB)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (num_reqs, -(-VOCAB // 32)), dtype=torch.int64)
     bitmask = bitmask.to(torch.int32)
-    apply = make_apply_token_bitmask()
+    apply = TokenBitmaskKernel()
     variants = {
         "cpu": lambda: apply(logits.clone(), bitmask),
         "reference": lambda: reference.apply_token_bitmask(logits.clone(), bitmask),

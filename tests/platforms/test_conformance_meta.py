@@ -91,7 +91,7 @@ def plugins_imported_once():
     from octavo.platform import Platform
 
     platform = Platform.select("cpu")
-    platform.apply_token_bitmask()
+    platform.apply_token_bitmask()(torch.zeros(1, 32), torch.full((1, 1), -1, dtype=torch.int32))
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 

@@ -51,7 +51,7 @@ class CpuAttentionBackend(AttentionBackend):
         if metadata.num_reqs == 0 or num_tokens == 0:
             return out
         query_start_loc = metadata.query_start_loc
-        if metadata.max_query_len == 1:
+        if metadata.max_query_len == 1 and num_tokens == metadata.num_reqs:
             self._decode(query, kv_cache, metadata, None, out)
             return out
         query_lens = query_start_loc[1:] - query_start_loc[:-1]

@@ -11,7 +11,7 @@ from octavo.platform.types import Capabilities, MemoryInfo, PlatformInfo
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.sampler import sample
-from octavo_cpu.token_bitmask import make_apply_token_bitmask
+from octavo_cpu.token_bitmask import TokenBitmaskKernel
 
 NAME = "cpu"
 
@@ -77,4 +77,4 @@ def octavo_sampler(platform, vocab_size):
 @hookimpl
 def octavo_apply_token_bitmask(platform):
     if _mine(platform):
-        return make_apply_token_bitmask()
+        return TokenBitmaskKernel()

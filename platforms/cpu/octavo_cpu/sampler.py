@@ -128,7 +128,7 @@ def sample_full_rows(logits, temperature, metadata: SamplingMetadata) -> torch.T
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     """One token id per row of ``logits [R, V]`` (not modified); int64 ``[R]``."""
-    if metadata.all_greedy:
+    if metadata.all_greedy or logits.shape[0] == 0:
         return logits.argmax(dim=-1)
     temperature = metadata.temperature.float()
     if not metadata.all_random:

@@ -44,6 +44,24 @@ def test_greedy_is_argmax(octavo_platform, octavo_device):
     assert tokens[3].item() == 17
 
 
+def test_empty_batch(octavo_platform, octavo_device):
+    """No rows in, no tokens out (with filters on)."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = torch.zeros(0, VOCAB, device=octavo_device)
+    for spec in (RowSpec(0.0), RowSpec(1.0, keep_top_k=5, keep_top_p=3)):
+        params = [row_params(spaced_logits(1, VOCAB, seed=0)[0], spec)]
+        metadata = make_metadata(params, octavo_device)
+        metadata = dataclasses.replace(
+            metadata,
+            temperature=metadata.temperature[:0],
+            top_k=metadata.top_k[:0],
+            top_p=metadata.top_p[:0],
+            min_p=metadata.min_p[:0],
+        )
+        tokens = sampler(logits, metadata)
+        assert tokens.shape == (0,) and tokens.dtype == torch.int64
+
+
 def test_greedy_rows_in_a_mixed_batch(octavo_platform, octavo_device):
     """Temperature-0 rows stay argmax when other rows sample (with filters on)."""
     sampler = octavo_platform.sampler(VOCAB)
