@@ -1,4 +1,4 @@
-"""The ``octavo`` command line: ``octavo env`` (and later ``serve``, ``bench``)."""
+"""The ``octavo`` command line: ``octavo env``, ``octavo serve`` (and later ``bench``)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,22 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from octavo.entrypoints.openai.serve import run_serve
+
+    return run_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="LLM inference and serving engine")
     commands = parser.add_subparsers(dest="command", required=True)
     env = commands.add_parser("env", help="print discovered plugins, what they detected, and the platform chosen")
     env.add_argument("--device", default=None, help="platform to force, as at serve time")
     env.set_defaults(run=_env)
+    from octavo.entrypoints.openai.serve import add_serve_args
+
+    serve = commands.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
+    add_serve_args(serve).set_defaults(run=_serve)
     return parser
 
 

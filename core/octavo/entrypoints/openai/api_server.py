@@ -1,0 +1,145 @@
+"""The OpenAI-compatible FastAPI app over an AsyncEngine: routes, error handling, lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import octavo
+from octavo.engine.async_engine import AsyncEngine, EngineDeadError
+from octavo.entrypoints.openai.errors import OpenAIError, from_validation_errors
+from octavo.entrypoints.openai.middleware import ApiKeyMiddleware, RequestIdMiddleware
+from octavo.entrypoints.openai.protocol import ModelCard, ModelList, dump
+from octavo.entrypoints.openai.serving_chat import create_chat_completion
+from octavo.entrypoints.openai.serving_common import ServerConfig, ServingContext
+from octavo.entrypoints.openai.serving_completion import create_completion
+from octavo.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger("octavo.entrypoints.openai")
+
+
+def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
+    """The app; its lifespan starts the engine thread on the serving loop and stops it after."""
+    ctx = ServingContext(engine, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="octavo", version=octavo.__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.serving = ctx
+    _add_error_handlers(app)
+    _add_health_routes(app, ctx)
+    _add_api_routes(app, ctx)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so every response has the id
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return from_validation_errors(list(exc.errors())).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return OpenAIError(str(exc.detail), exc.status_code, code=None).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        logger.exception("internal error while serving a request")
+        return OpenAIError(f"internal error: {type(exc).__name__}: {exc}", 500).response()
+
+
+def _add_health_routes(app: FastAPI, ctx: ServingContext) -> None:
+    engine = ctx.engine
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_alive:
+            return OpenAIError(engine.dead_reason, 503, code="engine_dead").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health/ready")
+    async def ready() -> Response:
+        start = time.perf_counter()
+        try:
+            await asyncio.wait_for(_one_token(ctx), ctx.config.ready_timeout)
+        except asyncio.TimeoutError:
+            message = f"the engine produced no token within {ctx.config.ready_timeout} s"
+            return OpenAIError(message, 503, code="not_ready").response()
+        except EngineDeadError as exc:
+            return OpenAIError(str(exc), 503, code="engine_dead").response()
+        return JSONResponse({"status": "ready", "latency_s": round(time.perf_counter() - start, 4)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": octavo.__version__})
+
+
+async def _one_token(ctx: ServingContext) -> None:
+    """Generate one greedy token (not counted in the request metrics)."""
+    bos = getattr(ctx.tokenizer, "bos_token_id", None)
+    prompt = {"prompt_token_ids": [bos if bos is not None else 0]}
+    params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
+    async for _ in ctx.engine.generate(f"ready-{uuid.uuid4().hex}", prompt, params, record_metrics=False):
+        pass
+
+
+def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
+    def counted(handler: Callable[[ServingContext, Request], Awaitable[Response]]):
+        async def route(raw_request: Request) -> Response:
+            try:
+                return await handler(ctx, raw_request)
+            except OpenAIError as exc:
+                ctx.engine.metrics.on_request_refused("rejected" if exc.code == "queue_full" else "invalid")
+                raise
+        return route
+
+    app.post("/v1/completions")(counted(create_completion))
+    app.post("/v1/chat/completions")(counted(create_chat_completion))
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse(dump(ModelList(data=[_model_card(ctx)])))
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        ctx.check_model(model_id)
+        return JSONResponse(dump(_model_card(ctx)))
+
+    @app.post("/tokenize")
+    async def tokenize_route(raw_request: Request) -> Response:
+        return await tokenize(ctx, raw_request)
+
+    @app.post("/detokenize")
+    async def detokenize_route(raw_request: Request) -> Response:
+        return await detokenize(ctx, raw_request)
+
+
+def _model_card(ctx: ServingContext) -> ModelCard:
+    return ModelCard(id=ctx.config.served_model_name, root=ctx.config.model_path, max_model_len=ctx.max_model_len)

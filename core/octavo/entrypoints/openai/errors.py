@@ -1,0 +1,78 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fastapi.responses import JSONResponse
+
+# HTTP status -> OpenAI's error type for it.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    500: "internal_error",
+    503: "service_unavailable_error",
+}
+
+
+class OpenAIError(Exception):
+    """An error the API reports to the client in OpenAI's format."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 400,
+        *,
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+        headers: Optional[dict[str, str]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body OpenAI clients parse."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status_code, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        """This error as an HTTP response."""
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> OpenAIError:
+    """A 400 about the request body."""
+    return OpenAIError(message, 400, param=param, code=code)
+
+
+def from_value_error(exc: ValueError, known_params: Any = ()) -> OpenAIError:
+    """A 400 from a ValueError whose message starts with the offending field's name."""
+    message = str(exc)
+    first_word = message.split(" ", 1)[0]
+    return bad_request(message, param=first_word if first_word in known_params else None)
+
+
+def from_validation_errors(errors: list[dict[str, Any]]) -> OpenAIError:
+    """A 400 from pydantic's errors: the first one, naming its field."""
+    if not errors:
+        return bad_request("the request body is not valid")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", code="invalid_json")
+    location = ".".join(str(part) for part in first.get("loc", ()))
+    message = f"{location}: {first['msg']}" if location else first["msg"]
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    param = str(first["loc"][0]) if first.get("loc") else None
+    return bad_request(message, param=param)

@@ -1,0 +1,173 @@
+"""Request and response bodies of the OpenAI API shared by both endpoints, and /v1/completions.
+
+Requests are parsed strictly (``"5"`` is not an integer, ``true`` is not a number) so that a
+wrong type is a 400, not a guess; unknown fields are ignored, as OpenAI clients send extras.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+# Fields whose name may start a SamplingParams ValueError, to fill the error's ``param``.
+SAMPLING_FIELDS = frozenset(
+    "n temperature top_p top_k min_p seed presence_penalty frequency_penalty repetition_penalty logit_bias "
+    "stop stop_token_ids max_tokens min_tokens logprobs prompt_logprobs".split()
+)
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: strict types, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(RequestModel):
+    """Fields both /v1/completions and /v1/chat/completions take, OpenAI's and vLLM's extras."""
+
+    model: Optional[str] = None
+    n: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    # vLLM's extra body fields
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: Optional[list[int]] = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    cache_salt: Optional[str] = None
+    priority: int = 0
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+        """SamplingParams for this request; raises ValueError naming a bad field."""
+        if self.cache_salt is not None and not self.cache_salt:
+            raise ValueError("cache_salt must be a non-empty string when given")
+        return SamplingParams(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self.logit_bias,
+            stop=self.stop or None,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        """True when a stream should end with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    """The body of POST /v1/completions."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = 16
+    echo: bool = False
+    logprobs: Optional[int] = None
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+
+class ResponseModel(BaseModel):
+    """Base of response bodies."""
+
+
+class UsageInfo(ResponseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "octavo"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class CompletionLogprobs(ResponseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+
+class CompletionChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class CompletionResponse(ResponseModel):
+    id: str
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """A response model as a JSON-ready dict."""
+    return model.model_dump(mode="json")
+
+
+class TokenizeRequest(RequestModel):
+    """The body of POST /tokenize: text, or chat messages rendered with the chat template."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[Any]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(RequestModel):
+    """The body of POST /detokenize."""
+
+    model: Optional[str] = None
+    tokens: list[int]

@@ -1,0 +1,91 @@
+"""``octavo serve [MODEL]``: its flags, the bundled demo model, and running uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Optional
+
+from octavo.config import EngineArgs
+from octavo.errors import ConfigError
+
+DEMO_MODEL_NAME = "octavo-demo"
+API_KEY_ENV = "OCTAVO_API_KEY"
+
+
+def demo_model_path() -> Path:
+    """The bundled demo model folder (package data), or ConfigError when it is not installed."""
+    folder = Path(str(importlib.resources.files("octavo").joinpath("data", "demo-model")))
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"no MODEL given and the bundled demo model is not installed ({folder} has no config.json); "
+            "pass a local HuggingFace model folder: octavo serve /path/to/model"
+        )
+    return folder
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The server's flags plus every engine flag of EngineArgs."""
+    parser.add_argument("model", nargs="?", default=None, help="local HuggingFace model folder (default: the bundled demo model)")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on /v1 routes (also ${API_KEY_ENV})")
+    server.add_argument("--max-queue-len", type=int, default=None, help="requests that may wait beyond --max-num-seqs before new ones get 503")
+    server.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+    server.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    server.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds to let in-flight requests finish after SIGTERM")
+    server.add_argument("--chat-template", default=None, help="a Jinja chat template (file or inline) for models without one")
+    server.add_argument("--ready-timeout", type=float, default=10.0, help="seconds /health/ready waits for its one-token generation")
+    EngineArgs.add_cli_args(parser)
+    return parser
+
+
+def _chat_template(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    path = Path(value)
+    return path.read_text() if path.is_file() else value
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load the engine, then serve until SIGTERM/SIGINT; returns the exit status."""
+    import uvicorn
+
+    from octavo.engine.async_engine import AsyncEngine
+    from octavo.engine.llm_engine import LLMEngine
+    from octavo.entrypoints.openai.api_server import build_app
+    from octavo.entrypoints.openai.serving_common import ServerConfig
+
+    if args.max_queue_len is not None and args.max_queue_len < 0:
+        raise ConfigError(f"--max-queue-len must be >= 0; got {args.max_queue_len}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = args.model if args.model is not None else str(demo_model_path())
+    default_name = args.model if args.model is not None else DEMO_MODEL_NAME
+    engine_args = EngineArgs.from_cli_args(args, model=model)
+    config = ServerConfig(
+        served_model_name=args.served_model_name or default_name,
+        model_path=model,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_queue_len=args.max_queue_len,
+        log_requests=not args.disable_log_requests,
+        chat_template=_chat_template(args.chat_template),
+        ready_timeout=args.ready_timeout,
+    )
+    # uvicorn restores this handler after its graceful shutdown and re-raises the signal: exit 0.
+    signal.signal(signal.SIGTERM, _exit_zero)
+    app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
+    uvicorn_config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout, access_log=not args.disable_log_requests,
+    )
+    uvicorn.Server(uvicorn_config).run()
+    return 0
+
+
+def _exit_zero(signum: int, frame: object) -> None:
+    raise SystemExit(0)

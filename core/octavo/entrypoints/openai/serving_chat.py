@@ -1,0 +1,162 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template, streamed or not."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from octavo.engine.async_engine import EngineDeadError
+from octavo.entrypoints.openai.chat_protocol import (
+    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobEntry, ChatLogprobs,
+    ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage,
+)
+from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error
+from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
+from octavo.entrypoints.openai.serving_common import (
+    SSE_DONE, Admission, ClientGone, ServingContext, clamp_logprob, merge_outputs, new_request_id, sse,
+)
+from octavo.outputs import CompletionOutput, Logprob, SampleLogprobs
+
+
+def render_chat(ctx: ServingContext, conversation: list[dict], add_generation_prompt: bool = True,
+                continue_final_message: bool = False, template_kwargs: Optional[dict] = None) -> list[int]:
+    """The conversation's prompt token ids through the chat template (the server's, else the model's)."""
+    template = ctx.config.chat_template
+    if template is None and getattr(ctx.tokenizer, "chat_template", None) is None:
+        raise bad_request("this model has no chat template; start the server with --chat-template FILE", param="messages")
+    try:
+        rendered = ctx.tokenizer.apply_chat_template(
+            conversation, chat_template=template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tokenize=True, **(template_kwargs or {}),
+        )
+    except Exception as exc:  # noqa: BLE001 - jinja2 and transformers raise many types; all are the request's
+        raise bad_request(f"cannot render the chat template: {exc}", param="messages") from None
+    token_ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+    return list(token_ids)
+
+
+def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
+    """A 400 naming the body field at fault (message errors name ``messages``)."""
+    error = from_value_error(exc, SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt"})
+    if error.param in ("role", "content"):
+        error.param = "messages"
+    elif error.param == "max_tokens" and body.max_completion_tokens is not None:
+        error.param = "max_completion_tokens"
+    return error
+
+
+def _check_unsupported(body: ChatCompletionRequest) -> None:
+    if body.response_format is not None and body.response_format.get("type", "text") != "text":
+        raise bad_request("response_format other than text is not supported yet", param="response_format")
+    if body.tools:
+        raise bad_request("tools are not supported yet", param="tools")
+
+
+async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> Response:
+    """Handle one /v1/chat/completions request."""
+    body = ctx.parse(ChatCompletionRequest, await raw_request.body())
+    ctx.check_model(body.model)
+    _check_unsupported(body)
+    try:
+        conversation = body.conversation()
+        num_logprobs = body.num_logprobs()
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = body.sampling_params(max_tokens, num_logprobs)
+    except ValueError as exc:
+        raise _param_error(exc, body) from None
+    token_ids = render_chat(ctx, conversation, body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs)
+    ctx.check_tokens(token_ids, "messages")
+    max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    ctx.check_length(len(token_ids), params.max_tokens, "messages", max_param)
+    request_id = new_request_id("chatcmpl")
+    prompts = [{"prompt": None, "prompt_token_ids": token_ids}]
+    admission = ctx.admit(1)
+    generators = ctx.start(request_id, prompts, params, body)
+    if body.stream:
+        stream = _stream(ctx, request_id, body, len(token_ids), generators, admission)
+        return StreamingResponse(stream, media_type="text/event-stream", background=BackgroundTask(admission.release))
+    try:
+        (final,) = await ctx.collect(raw_request, generators)
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        admission.release()
+    return JSONResponse(dump(_response(ctx, request_id, body, len(token_ids), final)))
+
+
+def _response(ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int, final) -> ChatCompletionResponse:
+    choices = [
+        ChatChoice(
+            index=completion.index,
+            message=ChatResponseMessage(content=completion.text),
+            logprobs=_logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None,
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+        )
+        for completion in final.outputs
+    ]
+    num_completion_tokens = sum(len(c.token_ids) for c in final.outputs)
+    usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
+                      total_tokens=num_prompt_tokens + num_completion_tokens)
+    return ChatCompletionResponse(id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage)
+
+
+async def _stream(
+    ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int,
+    generators: list[AsyncIterator], admission: Admission,
+) -> AsyncIterator[str]:
+    model = ctx.config.served_model_name
+
+    def chunk(index: int, delta: DeltaMessage, completion: Optional[CompletionOutput] = None, logprobs=None) -> str:
+        choice = ChatStreamChoice(
+            index=index, delta=delta, logprobs=logprobs,
+            finish_reason=completion.finish_reason if completion else None,
+            stop_reason=completion.stop_reason if completion else None,
+        )
+        return sse(dump(ChatCompletionChunk(id=request_id, model=model, choices=[choice])))
+
+    num_completion_tokens = 0
+    try:
+        for index in range(body.n):
+            yield chunk(index, DeltaMessage(role="assistant", content=""))
+        async with contextlib.aclosing(merge_outputs(generators)) as outputs:
+            async for _, output in outputs:
+                for completion in output.outputs:
+                    num_completion_tokens += len(completion.token_ids)
+                    logprobs = _logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None
+                    if completion.text or (logprobs and logprobs.content):
+                        yield chunk(completion.index, DeltaMessage(content=completion.text), logprobs=logprobs)
+                    if completion.finish_reason is not None:
+                        yield chunk(completion.index, DeltaMessage(), completion)
+        if body.include_usage:
+            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
+                              total_tokens=num_prompt_tokens + num_completion_tokens)
+            yield sse(dump(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage)))
+    except EngineDeadError as exc:
+        yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
+    except ValueError as exc:
+        yield sse(bad_request(str(exc)).body())
+    finally:
+        admission.release()
+    yield SSE_DONE
+
+
+def _entry(logprob: Logprob) -> ChatLogprobEntry:
+    token = logprob.decoded_token or ""
+    return ChatLogprobEntry(token=token, logprob=clamp_logprob(logprob.logprob), bytes=list(token.encode("utf-8")))
+
+
+def _logprobs(positions: Optional[SampleLogprobs], num_top: int) -> ChatLogprobs:
+    """OpenAI's chat logprobs: per token, its logprob and the ``num_top`` most likely tokens."""
+    content = []
+    for position in positions or ():
+        chosen = next(iter(position.values()))
+        top = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top), key=lambda lp: lp.rank)
+        entry = _entry(chosen)
+        content.append(ChatLogprobToken(token=entry.token, logprob=entry.logprob, bytes=entry.bytes,
+                                        top_logprobs=[_entry(lp) for lp in top]))
+    return ChatLogprobs(content=content)

@@ -1,0 +1,227 @@
+"""What the completion and chat handlers share: parsing, admission, length checks, running
+engine requests (merged, or cancelled when the client goes away) and SSE framing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import uuid
+from typing import Any, AsyncIterator, Optional, Sequence, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from octavo.engine.async_engine import AsyncEngine, EngineDeadError
+from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_errors
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger("octavo.entrypoints.openai")
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """Settings of the HTTP layer (the engine's are EngineArgs)."""
+
+    served_model_name: str
+    model_path: Optional[str] = None
+    api_key: Optional[str] = None
+    max_queue_len: Optional[int] = None  # None: no limit
+    log_requests: bool = True
+    chat_template: Optional[str] = None
+    ready_timeout: float = 10.0
+    retry_after_s: int = 1
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready."""
+
+
+class Admission:
+    """Room reserved for one HTTP request's engine requests; ``release`` may be called twice."""
+
+    def __init__(self, ctx: "ServingContext", num_requests: int) -> None:
+        self._ctx = ctx
+        self._num_requests = num_requests
+
+    def release(self) -> None:
+        """Give the room back (once)."""
+        self._ctx.num_admitted -= self._num_requests
+        self._num_requests = 0
+
+
+class ServingContext:
+    """The engine, its tokenizer and limits, and the server's admission count."""
+
+    def __init__(self, engine: AsyncEngine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.tokenizer = engine.engine.tokenizer
+        self.max_model_len = engine.engine.model_config.max_model_len
+        self.vocab_size = engine.engine.model_config.vocab_size
+        self.capacity = None if config.max_queue_len is None else engine.engine.args.max_num_seqs + config.max_queue_len
+        self.num_admitted = 0
+
+    # --- checks ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def parse(model_cls: type[ModelT], body: bytes) -> ModelT:
+        """A request body parsed into ``model_cls``, or a 400."""
+        try:
+            return model_cls.model_validate_json(body)
+        except ValidationError as exc:
+            raise from_validation_errors(exc.errors()) from None
+
+    def check_model(self, name: Optional[str]) -> None:
+        """404 for a model name this server does not serve."""
+        if name is not None and name != self.config.served_model_name:
+            raise OpenAIError(
+                f"the model {name!r} does not exist; this server serves {self.config.served_model_name!r}",
+                404, param="model", code="model_not_found",
+            )
+
+    def check_tokens(self, token_ids: Sequence[int], param: str) -> None:
+        """400 for an empty prompt or token ids outside the vocabulary."""
+        if not token_ids:
+            raise bad_request(f"{param} is empty; give at least one token", param=param)
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param=param)
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: Optional[int], param: str, max_tokens_param: str) -> None:
+        """400 when the prompt, or the prompt plus ``max_tokens``, does not fit the context."""
+        limit = self.max_model_len
+        if num_prompt_tokens >= limit:
+            raise bad_request(
+                f"this model's context is {limit} tokens and the {param} has {num_prompt_tokens} tokens, "
+                "leaving no room for output; shorten it", param=param, code="context_length_exceeded",
+            )
+        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
+            raise bad_request(
+                f"this model's context is {limit} tokens; you asked for {num_prompt_tokens + max_tokens} "
+                f"({num_prompt_tokens} in the {param}, {max_tokens} to generate); lower {max_tokens_param} "
+                f"to at most {limit - num_prompt_tokens}", param=max_tokens_param, code="context_length_exceeded",
+            )
+
+    def admit(self, num_requests: int) -> "Admission":
+        """Reserve room for ``num_requests`` engine requests, or 503 when the queue is full."""
+        if not self.engine.is_alive:
+            raise OpenAIError(self.engine.dead_reason, 503, code="engine_dead")
+        if self.capacity is not None and self.num_admitted + num_requests > self.capacity:
+            raise OpenAIError(
+                f"the server is at capacity ({self.num_admitted} requests in flight, limit {self.capacity}); retry later",
+                503, code="queue_full", headers={"Retry-After": str(self.config.retry_after_s)},
+            )
+        self.num_admitted += num_requests
+        return Admission(self, num_requests)
+
+    # --- running --------------------------------------------------------------------------------
+
+    def start(
+        self, request_id: str, prompts: Sequence[dict], params: SamplingParams, body: Any
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """One engine request per prompt (ids ``{request_id}-{i}``); nothing is sent until iterated."""
+        if self.config.log_requests:
+            logger.info(
+                "request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
+                [len(p["prompt_token_ids"]) for p in prompts], params,
+            )
+        return [
+            self.engine.generate(f"{request_id}-{i}", prompt, params, priority=body.priority, cache_salt=body.cache_salt)
+            for i, prompt in enumerate(prompts)
+        ]
+
+    async def collect(self, raw_request: Request, generators: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+        """The final output of each generator; cancels them all if the client disconnects."""
+
+        async def run() -> list[RequestOutput]:
+            finals: list[Any] = [None] * len(generators)
+            async with contextlib.aclosing(merge_outputs(generators)) as outputs:
+                async for index, output in outputs:
+                    finals[index] = output
+            return finals
+
+        task = asyncio.ensure_future(run())
+        watcher = asyncio.ensure_future(wait_for_disconnect(raw_request))
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            watcher.cancel()
+            return engine_errors_as_openai(task)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+
+
+def engine_errors_as_openai(task: asyncio.Future) -> Any:
+    """The task's result, with engine failures turned into OpenAI errors."""
+    try:
+        return task.result()
+    except EngineDeadError as exc:
+        raise OpenAIError(str(exc), 503, code="engine_dead") from None
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+
+async def wait_for_disconnect(raw_request: Request) -> None:
+    """Return once the client has gone away (its request body must already be read)."""
+    while True:
+        message = await raw_request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def merge_outputs(generators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index, output) from several generators as they come; closing this cancels them all."""
+    if len(generators) == 1:
+        async with contextlib.aclosing(generators[0]) as generator:
+            async for output in generator:
+                yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, generator: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(generator):
+                async for output in generator:
+                    queue.put_nowait((index, output))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generators)]
+    try:
+        num_open = len(tasks)
+        while num_open:
+            index, item = await queue.get()
+            if item is None:
+                num_open -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def new_request_id(prefix: str) -> str:
+    """A fresh body ``id`` (engine request ids derive from it, so it must be unique)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(payload: Any) -> str:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def clamp_logprob(value: float) -> float:
+    """A logprob JSON can carry (-inf becomes MIN_LOGPROB)."""
+    return max(value, MIN_LOGPROB)
