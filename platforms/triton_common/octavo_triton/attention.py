@@ -86,6 +86,8 @@ class TritonAttentionBackend(AttentionBackend):
         pv_precision = self.tuning.pv_precision
         if pv_precision == "low" and (upcast or kv_dtype not in _LOW_PRECISION):
             pv_precision = "ieee"
+        if interpreting() and pv_precision != "low":
+            pv_precision = "ieee"  # the interpreter multiplies exactly and knows no bf16x3
         return dict(
             GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=block_size,
             HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,

@@ -116,6 +116,7 @@ SAMPLING_CASES = (
     SamplingCase("top-k-only", (1.0, 0.8, 2.0), (1, 2, 10), (1.0,) * 3, (0.0,) * 3, (7, 8, 9)),
     SamplingCase("top-p-only", (1.0, 1.0, 0.6), (0,) * 3, (0.3, 0.95, 0.6), (0.0,) * 3, (4, 5, 6)),
     SamplingCase("min-p-only", (1.0, 1.5, 0.9), (0,) * 3, (1.0,) * 3, (0.3, 0.05, 0.5), (1, 2, None)),
+    SamplingCase("temperature-only", (1.0, 0.5, 0.0, 2.0), (0,) * 4, (1.0,) * 4, (0.0,) * 4, (3, None, None, 4)),
 )
 
 
@@ -201,3 +202,25 @@ def check_sampler_ties_across_chunks(sampler, device, vocab_size: int = 96):
         drawn[1].add(got[1])
         drawn[3].add(got[3])
     assert drawn[1] <= set(ties[:2]) and drawn[3] <= set(ties[:3]), drawn
+
+
+def check_generation_matches_cpu(platform_name: str, model_dir, monkeypatch):
+    """End to end: ``LLM(model, device=platform_name)`` generates exactly the cpu platform's
+    greedy tokens on a tiny model, with chunked prefills mixed with decodes in the same steps."""
+    from octavo import LLM, SamplingParams
+    from octavo_triton import runtime
+
+    prompts = [[1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((37, 5, 21, 2))]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    engine_args = dict(kv_cache_memory="2MiB", max_num_seqs=4, max_num_batched_tokens=24, dtype="float32")
+
+    def generate(device: str) -> list[list[int]]:
+        llm = LLM(str(model_dir), device=device, **engine_args)
+        assert llm.engine.core.platform.name == device
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    expected = generate("cpu")
+    if runtime.interpreting():
+        monkeypatch.setenv(runtime.INTERPRET_DEVICE_ENV, platform_name)
+    assert generate(platform_name) == expected

@@ -1,0 +1,78 @@
+"""The rocm platform's kernels against octavo.ops.reference (interpreter or GPU): the shared
+attention and bitmask with CDNA tiles, and the platform's own RMSNorm and sampler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo_rocm.rms_norm import make_rms_norm
+from octavo_rocm.sampler import make_sampler
+from octavo_rocm.tuning import SAMPLER
+from octavo_triton import kernel_checks as checks
+from octavo_triton.testing import assert_close
+from octavo.ops import reference
+
+pytestmark = pytest.mark.needs_kernels
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", checks.ATTENTION_CASES[:4], ids=lambda c: c.name)
+def test_paged_attention_matches_reference(platform, device, dtype, case):
+    checks.check_attention(platform, device, dtype, case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", [48, 200])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "fused-add"])
+def test_rms_norm_matches_reference(platform, device, dtype, hidden, with_residual):
+    checks.check_rms_norm(platform, device, dtype, hidden, with_residual)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_walks_wide_rows_in_column_blocks(device, dtype):
+    """Rows wider than one block take the two-pass path; the persistent grid has fewer
+    programs than rows."""
+    gen = torch.Generator().manual_seed(0)
+    x, residual = (torch.randn(9, 200, generator=gen).to(dtype) for _ in range(2))
+    weight = (torch.rand(200, generator=gen) + 0.5).to(dtype)
+    fn = make_rms_norm(200, 1e-6, max_block=64, num_programs=4)
+    out, summed = fn(x.to(device), weight.to(device), residual.to(device))
+    expected, expected_sum = reference.rms_norm(x, weight, 1e-6, residual)
+    assert torch.equal(summed.cpu(), expected_sum)
+    assert_close(out, expected)
+    assert_close(fn(x.to(device), weight.to(device)), reference.rms_norm(x, weight, 1e-6))
+
+
+@pytest.mark.parametrize("case", checks.SAMPLING_CASES, ids=lambda c: c.name)
+def test_sampler_draws_the_reference_tokens(platform, device, case):
+    checks.check_sampler(platform, device, case)
+
+
+def test_split_vocabulary_sampler_across_many_slices(device):
+    """Unfiltered batches split the vocabulary: the winner of 5 slices is the reference's
+    token; greedy ties across slices go to the lowest index."""
+    sampler = make_sampler(150, SAMPLER, min_split=32)
+    case = checks.SAMPLING_CASES[-1]
+    logits = checks.random_logits(len(case.temperature), 150, device)
+    logits[2, [40, 140]] = 25.0  # the greedy row: a tie between slices 1 and 4
+    for seed in range(3):
+        torch.manual_seed(seed)
+        got = sampler(logits, checks.sampling_metadata(case, device, seed))
+        torch.manual_seed(seed)
+        expected = reference.sample(logits, checks.sampling_metadata(case, device, seed))
+        assert got.tolist() == expected.tolist() and got[2].item() == 40
+    greedy = checks.SamplingCase("greedy", (0.0,) * 4, (0,) * 4, (1.0,) * 4, (0.0,) * 4, (None,) * 4)
+    got = sampler(logits, checks.sampling_metadata(greedy, device, 0))
+    assert got.tolist() == [3, int(logits[1].argmax()), 40, int(logits[3].argmax())]
+
+
+def test_greedy_sampling_is_argmax_lowest_index(platform, device):
+    checks.check_greedy(platform, device)
+
+
+@pytest.mark.parametrize("use_indices", [False, True], ids=["rows", "indices"])
+def test_token_bitmask_matches_reference(platform, device, use_indices):
+    checks.check_bitmask(platform, device, torch.float32, 100, use_indices)
