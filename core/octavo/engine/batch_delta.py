@@ -38,23 +38,25 @@ class BatchDeltaBuilder:
         new_reqs, cached_reqs = [], []
         for request in scheduled:
             request_id = request.request_id
-            block_ids = kv.get_block_ids(request_id)
+            num_blocks = kv.get_num_blocks(request_id)
             num_sent = self._num_sent_blocks.get(request_id)
-            self._num_sent_blocks[request_id] = len(block_ids)
+            self._num_sent_blocks[request_id] = num_blocks
             if num_sent is None:
                 new_reqs.append(
                     NewRequestData(
-                        request_id, request.prompt_token_ids, request.sampling_params, block_ids,
+                        request_id, request.prompt_token_ids, request.sampling_params, kv.get_block_ids(request_id),
                         request.num_computed_tokens, list(request.output_token_ids),
                     )
                 )
                 continue
             resumed = request_id in self._resumed
             start = 0 if resumed else min(num_sent, rewritten.get(request_id, num_sent))
-            self._resumed.discard(request_id)
+            if resumed:
+                self._resumed.discard(request_id)
             cached_reqs.append(
                 CachedRequestData(
-                    request_id, block_ids[start:], request.num_computed_tokens,
+                    request_id, kv.get_block_ids(request_id, start) if start < num_blocks else [],
+                    request.num_computed_tokens,
                     resumed_from_preemption=resumed,
                     block_table_start=start if (resumed or start != num_sent) else None,
                 )
