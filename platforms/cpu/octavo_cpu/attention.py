@@ -73,15 +73,15 @@ class CpuAttentionBackend(AttentionBackend):
             )
         return out
 
-    def _gather_buffer(self, numel: int) -> torch.Tensor:
-        if self._workspace.numel() < numel:
-            self._workspace = torch.empty(numel, dtype=self.spec.dtype)
+    def _gather_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if self._workspace.numel() < numel or self._workspace.dtype != dtype:
+            self._workspace = torch.empty(numel, dtype=dtype)
         return self._workspace[:numel]
 
     def _decode(self, query, kv_cache, metadata, rows, out) -> None:
-        """All one-token rows at once (in workspace-sized groups of requests)."""
+        """All one-token rows, longest context first, in workspace-sized groups: each group is
+        padded only to its own longest row, so ragged batches waste little."""
         spec = self.spec
-        block_size, num_kv_heads, head_dim = spec.block_size, spec.num_kv_heads, spec.head_dim
         if rows is None:
             tokens = metadata.query_start_loc[:-1].long()
             seq_lens = metadata.seq_lens.long()
@@ -91,40 +91,50 @@ class CpuAttentionBackend(AttentionBackend):
             seq_lens = metadata.seq_lens[rows].long()
             block_table = metadata.block_table[rows]
         first_block = torch.zeros_like(seq_lens)
-        window = spec.sliding_window
-        if window is not None:
-            first_block = (seq_lens - window).clamp(min=0) // block_size
-        num_blocks = int(((seq_lens + block_size - 1) // block_size - first_block).max())
+        if spec.sliding_window is not None:
+            first_block = (seq_lens - spec.sliding_window).clamp(min=0) // spec.block_size
+        needed = (seq_lens + spec.block_size - 1) // spec.block_size - first_block
+        order = needed.argsort(descending=True)
+        needed_sorted = needed[order].tolist()
+        block_bytes = 2 * kv_cache[0, 0].numel() * kv_cache.element_size()  # K and V
+        q = query[tokens].view(-1, spec.num_kv_heads, spec.num_heads // spec.num_kv_heads,
+                               spec.head_dim)
+        start = 0
+        while start < len(needed_sorted):
+            num_blocks = needed_sorted[start]
+            group = max(1, WORKSPACE_BYTES // (block_bytes * num_blocks))
+            group_rows = order[start : start + group]
+            o = self._decode_group(
+                q[group_rows], kv_cache, block_table[group_rows], seq_lens[group_rows],
+                first_block[group_rows], num_blocks,
+            )
+            out[tokens[group_rows]] = o.reshape(-1, spec.num_heads, spec.head_dim)
+            start += group
+
+    def _decode_group(self, q, kv_cache, block_table, seq_lens, first_block, num_blocks):
+        """Gather a group's context (``num_blocks`` blocks from each row's first) and attend."""
+        spec = self.spec
         # Past a row's last block the table holds stale or padding ids: clamp them to valid
         # blocks; what they hold is masked out.
-        block_ids = block_table.long().gather(
-            1, (first_block.unsqueeze(1) + torch.arange(num_blocks)).clamp(
-                max=block_table.shape[1] - 1
-            )
-        ).clamp_(min=0)
-        rows_of = head_rows(block_ids, num_kv_heads)  # [R, kv_heads * num_blocks]
-        positions = first_block.unsqueeze(1) * block_size + torch.arange(num_blocks * block_size)
+        offsets = (first_block.unsqueeze(1) + torch.arange(num_blocks)).clamp(
+            max=block_table.shape[1] - 1
+        )
+        block_ids = block_table.long().gather(1, offsets).clamp_(min=0)
+        index = head_rows(block_ids, spec.num_kv_heads).flatten()
+        cache_rows = kv_cache.view(2, -1, spec.block_size * spec.head_dim)
+        buffer = self._gather_buffer(2 * index.numel() * cache_rows.shape[2], kv_cache.dtype)
+        buffer = buffer.view(2, index.numel(), cache_rows.shape[2])
+        torch.index_select(cache_rows[0], 0, index, out=buffer[0])
+        torch.index_select(cache_rows[1], 0, index, out=buffer[1])
+        num_slots = num_blocks * spec.block_size
+        k, v = buffer.view(2, q.shape[0], spec.num_kv_heads, num_slots, spec.head_dim)
+        positions = first_block.unsqueeze(1) * spec.block_size + torch.arange(num_slots)
         visible = positions < seq_lens.unsqueeze(1)
-        if window is not None:
-            visible &= positions >= (seq_lens - window).unsqueeze(1)
-        num_reqs = tokens.shape[0]
-        q = query[tokens].view(num_reqs, num_kv_heads, spec.num_heads // num_kv_heads, head_dim)
-        cache_rows = kv_cache.view(2, -1, block_size * head_dim)
-        row_bytes = 2 * cache_rows.shape[2] * kv_cache.element_size() * rows_of.shape[1]
-        group = max(1, min(num_reqs, WORKSPACE_BYTES // row_bytes))
-        for start in range(0, num_reqs, group):
-            end = min(start + group, num_reqs)
-            n = end - start
-            index = rows_of[start:end].flatten()
-            buffer = self._gather_buffer(2 * index.numel() * cache_rows.shape[2])
-            buffer = buffer.view(2, index.numel(), cache_rows.shape[2])
-            torch.index_select(cache_rows[0], 0, index, out=buffer[0])
-            torch.index_select(cache_rows[1], 0, index, out=buffer[1])
-            k, v = buffer.view(2, n, num_kv_heads, num_blocks * block_size, head_dim)
-            o = F.scaled_dot_product_attention(
-                q[start:end], k, v, attn_mask=visible[start:end, None, None, :], scale=spec.scale
-            )
-            out[tokens[start:end]] = o.reshape(n, spec.num_heads, head_dim)
+        if spec.sliding_window is not None:
+            visible &= positions >= (seq_lens - spec.sliding_window).unsqueeze(1)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=visible[:, None, None, :], scale=spec.scale
+        )
 
     def _prefill(self, query, key, value, kv_cache, block_ids, seq_len: int) -> torch.Tensor:
         """One request's chunk of new tokens attending causally to its context and itself."""

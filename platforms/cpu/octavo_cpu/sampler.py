@@ -50,17 +50,19 @@ def prefix_threshold(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.T
     return sorted_probs.gather(1, num_kept - 1)
 
 
-def bisect_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The largest probability ``t`` with ``sum(probs[probs >= t]) >= p``, by bisection over
-    float32 bit patterns (ordered like the values for non-negative floats); 31 passes."""
+def bisect_threshold(
+    probs: torch.Tensor, top_p: torch.Tensor, upper: torch.Tensor
+) -> torch.Tensor:
+    """The largest probability ``t <= upper`` with ``sum(probs[probs >= t]) >= p``, by
+    bisection over float32 bit patterns (ordered like the values for non-negative floats)."""
     low = torch.zeros(probs.shape[0], 1, dtype=torch.int32)
-    high = torch.full_like(low, 0x3F800000)  # bits of 1.0
+    high = upper.reshape(-1, 1).contiguous().view(torch.int32).clone()
     top_p = top_p.unsqueeze(1)
-    for _ in range(31):
+    kept, zero = torch.empty_like(probs), probs.new_zeros(())
+    for _ in range(int(high.max()).bit_length()):
         mid = low + (high - low + 1) // 2
-        threshold = mid.view(torch.float32)
-        mass = torch.where(probs >= threshold, probs, 0.0).sum(dim=-1, keepdim=True)
-        enough = mass >= top_p
+        torch.where(probs >= mid.view(torch.float32), probs, zero, out=kept)
+        enough = kept.sum(dim=-1, keepdim=True) >= top_p
         low = torch.where(enough, mid, low)
         high = torch.where(enough, high, mid - 1)
     return low.view(torch.float32)
@@ -72,8 +74,9 @@ def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     threshold = prefix_threshold(candidates, top_p)
     short = (candidates.sum(dim=-1) < top_p) & (top_p < 1.0)
     if bool(short.any()):
+        # More than the candidates are needed: the cut-off lies at or below the last one.
         rows = short.nonzero().flatten()
-        threshold[rows] = bisect_threshold(probs[rows], top_p[rows])
+        threshold[rows] = bisect_threshold(probs[rows], top_p[rows], candidates[rows, -1])
     return threshold.masked_fill_((top_p >= 1.0).unsqueeze(1), 0.0)
 
 
