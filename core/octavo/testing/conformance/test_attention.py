@@ -17,7 +17,7 @@ MIXED = (
     ((1, 5, 1), (0, 11, 8), (2, 1, 1), (4, 0, 7), (3, 150, 1)),
     ((0, 19, 1), (1, 6, 1), (2, 2, 1), (3, 151, 1), (4, 7, 1)),
 )
-MIXED_PADDING = {1: 3}
+MIXED_PADDING = {1: 3}  # call 1 of either scenario ends with 3 padding tokens
 
 # A shorter variant for slow back-ends (--octavo-conformance-quick).
 MIXED_QUICK = (
@@ -66,10 +66,11 @@ def test_mixed_prefill_and_decode(
     """Ragged batches mixing prefill chunks (with and without context), decodes and padding."""
     tolerances.require_dtype(octavo_platform, dtype)
     tolerances.require_block_size(octavo_platform, block_size)
+    if octavo_conformance_quick and block_size == 32:
+        pytest.skip("quick run: 16 and 128 cover multi-block tables")
     scenario = MIXED_QUICK if octavo_conformance_quick else MIXED
-    padding = {} if octavo_conformance_quick else MIXED_PADDING
     spec = make_spec(dtype, block_size)
-    results = run_scenario(octavo_platform, spec, scenario, octavo_device, padding=padding)
+    results = run_scenario(octavo_platform, spec, scenario, octavo_device, padding=MIXED_PADDING)
     check(results, dtype, f"{dtype} block {block_size}")
 
 
