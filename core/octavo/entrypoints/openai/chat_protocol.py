@@ -8,6 +8,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import Field
 
 from octavo.entrypoints.openai.protocol import RequestModel, ResponseModel, SamplingRequest, UsageInfo
+from octavo.sampling_params import MAX_LOGPROBS
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -64,6 +65,8 @@ class ChatCompletionRequest(SamplingRequest):
         """How many top alternatives per token to return (None: no logprobs)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.top_logprobs}")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 

@@ -64,15 +64,24 @@ def from_value_error(exc: ValueError, known_params: Any = ()) -> OpenAIError:
 
 
 def from_validation_errors(errors: list[dict[str, Any]]) -> OpenAIError:
-    """A 400 from pydantic's errors: the first one, naming its field."""
+    """A 400 from pydantic's errors, naming the first field at fault."""
     if not errors:
         return bad_request("the request body is not valid")
     first = errors[0]
     if first.get("type") == "json_invalid":
         return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", code="invalid_json")
-    location = ".".join(str(part) for part in first.get("loc", ()))
-    message = f"{location}: {first['msg']}" if location else first["msg"]
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    param = str(first["loc"][0]) if first.get("loc") else None
-    return bad_request(message, param=param)
+    location = tuple(first.get("loc", ()))
+    if not location:
+        return bad_request(f"the request body must be a JSON object: {first['msg']}")
+    field = location[0]
+    # A union reports one error per alternative, each located at (field, alternative, ...).
+    alternatives = [e["loc"][1] for e in errors if len(e.get("loc", ())) == 2 and e["loc"][0] == field and isinstance(e["loc"][1], str)]
+    if len(alternatives) > 1 and len(alternatives) == sum(1 for e in errors if e.get("loc", (None,))[0] == field):
+        got = first.get("input")
+        message = f"{field}: {got!r} ({type(got).__name__}) is none of: {', '.join(alternatives)}"
+    else:
+        message = f"{'.'.join(str(part) for part in location)}: {first['msg']}"
+    num_other_fields = len({e.get("loc", (None,))[0] for e in errors} - {field})
+    if num_other_fields:
+        message += f" (and errors in {num_other_fields} more field{'s' if num_other_fields > 1 else ''})"
+    return bad_request(message, param=str(field))

@@ -46,6 +46,8 @@ def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
         error.param = "messages"
     elif error.param == "max_tokens" and body.max_completion_tokens is not None:
         error.param = "max_completion_tokens"
+    elif error.param == "logprobs" and body.top_logprobs is not None:
+        error.param = "top_logprobs"
     return error
 
 
@@ -117,7 +119,9 @@ async def _stream(
             finish_reason=completion.finish_reason if completion else None,
             stop_reason=completion.stop_reason if completion else None,
         )
-        return sse(dump(ChatCompletionChunk(id=request_id, model=model, choices=[choice])))
+        payload = dump(ChatCompletionChunk(id=request_id, model=model, choices=[choice]))
+        payload["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits unset delta fields
+        return sse(payload)
 
     num_completion_tokens = 0
     try:

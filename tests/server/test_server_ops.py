@@ -1,0 +1,138 @@
+"""Concurrency, disconnects, prefix-cache isolation by cache_salt, and /metrics against the
+requests actually sent."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import httpx2 as httpx
+
+from octavo import SamplingParams
+
+PROMPTS = ["once upon a time", "the dog ran to the park", "lily saw a big red ball", "tom and his mom went home"]
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_64_concurrent_streams_complete_with_offline_text(server, offline):
+    expected = {o.prompt: o.outputs[0].text for o in offline.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)}
+
+    async def one(client, prompt: str) -> str:
+        stream = await client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+        return "".join([chunk.choices[0].text async for chunk in stream])
+
+    async def main() -> list[str]:
+        async with server.async_client() as client:
+            return await asyncio.gather(*(one(client, PROMPTS[i % 4]) for i in range(64)))
+
+    texts = asyncio.run(main())
+    assert texts == [expected[PROMPTS[i % 4]] for i in range(64)]
+    server.wait_idle()
+
+
+def test_50_clients_disconnecting_mid_stream_free_every_block(server):
+    before = server.metrics()
+    body = {"prompt": "once upon a time", "max_tokens": 240, "ignore_eos": True, "stream": True, "temperature": 0}
+
+    async def leave_after_first_chunk(http: httpx.AsyncClient) -> None:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    return  # closing an unread stream closes the connection
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            await asyncio.gather(*(leave_after_first_chunk(http) for _ in range(50)))
+
+    asyncio.run(main())
+    server.wait_idle()
+    wait_for(lambda: server.metrics()["octavo_kv_cache_usage_ratio"] == 0.0)
+    after = server.metrics()
+    assert after['octavo_requests_total{status="aborted"}'] - before['octavo_requests_total{status="aborted"}'] == 50
+    assert after["octavo_num_requests_running"] == 0 and after["octavo_num_requests_waiting"] == 0
+
+
+def test_non_streaming_client_that_gives_up_aborts_its_request(server):
+    before = server.metrics()['octavo_requests_total{status="aborted"}']
+    body = {"prompt": "once upon a time", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(base_url=server.base_url, timeout=0.3) as http:
+        try:
+            http.post("/v1/completions", json=body)
+            raise AssertionError("the request should not have finished within 0.3 s")
+        except httpx.TimeoutException:
+            pass
+    server.wait_idle()
+    wait_for(lambda: server.metrics()['octavo_requests_total{status="aborted"}'] == before + 1)
+
+
+def test_cache_salt_separates_tenants_in_the_prefix_cache(server):
+    rng = random.Random(5)
+    prompt = [1] + [rng.randrange(3, 512) for _ in range(39)]  # 40 tokens: two full blocks of 16 cacheable
+    hits_key = "octavo_prefix_cache_hits_total"
+
+    def run(salt):
+        extra = {} if salt is None else {"cache_salt": salt}
+        before = server.metrics()[hits_key]
+        server.client().completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_body=extra)
+        server.wait_idle()
+        return server.metrics()[hits_key] - before
+
+    assert run("tenant-a") == 0
+    assert run("tenant-b") == 0, "another tenant must not hit tenant-a's blocks"
+    assert run(None) == 0, "no salt is its own tenant"
+    assert run("tenant-a") == 32, "the same tenant hits its own two full blocks"
+    assert run("tenant-b") == 32
+    assert run(None) == 32
+
+
+def test_metrics_agree_with_the_requests_sent(server):
+    before = server.metrics()
+    client = server.client()
+    usages = [
+        client.completions.create(model="tiny-llama", prompt=PROMPTS[:2], max_tokens=5, temperature=0).usage,
+        client.completions.create(model="tiny-llama", prompt=PROMPTS[2], max_tokens=4, n=2, temperature=0.8, seed=3).usage,
+    ]
+    stream = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3, temperature=0,
+        stream=True, stream_options={"include_usage": True},
+    )
+    usages.append([c for c in stream][-1].usage)
+    with httpx.Client(base_url=server.base_url) as http:
+        statuses = [
+            http.post("/v1/completions", json={"prompt": "hi", "n": 0}).status_code,
+            http.post("/v1/chat/completions", json={"messages": []}).status_code,
+            http.post("/v1/completions", json={"prompt": "hi", "model": "other"}).status_code,
+        ]
+    assert statuses == [400, 400, 404]
+    server.wait_idle()
+    wait_for(lambda: server.metrics()["octavo_kv_cache_usage_ratio"] == 0.0)
+    after = server.metrics()
+
+    def delta(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    assert delta('octavo_requests_total{status="finished"}') == 4  # one per prompt
+    assert delta('octavo_requests_total{status="invalid"}') == 3
+    assert delta('octavo_requests_total{status="rejected"}') == 0
+    assert delta("octavo_tokens_generated_total") == sum(u.completion_tokens for u in usages) == 10 + 8 + 3
+    assert delta("octavo_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert delta("octavo_time_to_first_token_seconds_count") == 4
+    assert delta("octavo_request_latency_seconds_count") == 4
+    assert delta("octavo_inter_token_latency_seconds_count") == 4
+    assert after["octavo_num_requests_running"] == 0 and after["octavo_kv_cache_usage_ratio"] == 0.0
+    for name in ("octavo_num_requests_preempted_total", "octavo_prefix_cache_queries_total", "octavo_num_requests_waiting"):
+        assert name in after
+
+
+def test_metrics_endpoint_is_prometheus_text(server):
+    with httpx.Client(base_url=server.base_url) as http:
+        response = http.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    assert "# TYPE octavo_request_latency_seconds histogram" in response.text
