@@ -34,12 +34,12 @@ def uniforms(num_rows: int, metadata: SamplingMetadata, device) -> torch.Tensor:
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Column index per row drawn with probability proportional to ``weights`` (>= 0).
 
-    ``u < 1`` keeps ``u * total`` strictly below the last cumulative value, so the chosen
-    column always has positive weight."""
+    The target ``u * total`` is kept strictly below the total (even where rounding would
+    reach it), so the chosen column always has positive weight."""
     cdf = weights.cumsum(dim=-1, dtype=torch.float64)
-    target = (u * cdf[:, -1]).unsqueeze(1)
-    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return index.clamp_(max=weights.shape[-1] - 1)
+    total = cdf[:, -1]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
 
 
 def prefix_threshold(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
