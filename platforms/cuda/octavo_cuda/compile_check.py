@@ -26,8 +26,8 @@ SPECS = (
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def builds() -> list[cc.KernelBuild]:
-    """Every kernel the cuda platform launches, in the specialisations models use."""
+def builds(arch: int = 90) -> list[cc.KernelBuild]:
+    """Every kernel the cuda platform launches on ``arch``, in the specialisations models use."""
     out = []
     for name, spec in SPECS:
         dtypes = DTYPES if name == "llama-h128" else (spec.dtype,)
@@ -39,6 +39,7 @@ def builds() -> list[cc.KernelBuild]:
         out += cc.rms_norm_builds(4096, dtype, tuning.ROWS)
     out += cc.sampler_builds(tuning.SAMPLER)
     out += cc.bitmask_builds(tuning.ROWS)
+    out += cc.fp8_builds(tuning.MATMUL, "fp8e4nv", widen=arch < tuning.FP8_MMA_ARCH)
     return out
 
 
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, action="append", help="compute capability, e.g. 80 (repeatable)")
     args = parser.parse_args(argv)
     for arch in args.arch or [80, 90]:
-        for record in cc.compile_builds(builds(), GPUTarget("cuda", arch, 32)):
+        for record in cc.compile_builds(builds(arch), GPUTarget("cuda", arch, 32)):
             print(f"{record['target']:10} {record['kernel']:45} {'+'.join(record['stages']):10} "
                   f"shared {record['shared_bytes']} B")
     return 0

@@ -19,6 +19,7 @@ from octavo_cuda import tuning
 from octavo_triton import runtime
 from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton.bitmask import make_apply_token_bitmask
+from octavo_triton.fp8 import make_scaled_mm
 from octavo_triton.rms_norm import make_rms_norm
 from octavo_triton.sampler import make_sampler
 
@@ -65,7 +66,7 @@ def octavo_platform_capabilities(platform):
         return Capabilities(
             dtypes=(torch.float32, torch.float16, torch.bfloat16),
             block_sizes=(1, 8, 16, 32, 64, 128),
-            supports_fp8=False,
+            supports_fp8=True,
             supports_graphs=not emulated,
             dist_backend="gloo" if emulated else "nccl",
         )
@@ -118,3 +119,13 @@ def octavo_sampler(platform, vocab_size):
 def octavo_apply_token_bitmask(platform):
     if _mine(platform):
         return make_apply_token_bitmask(tuning.ROWS)
+
+
+@hookimpl
+def octavo_scaled_mm(platform):
+    if _mine(platform):
+        widen = False
+        if not _emulated(platform):
+            major, minor = torch.cuda.get_device_capability()
+            widen = major * 10 + minor < tuning.FP8_MMA_ARCH
+        return make_scaled_mm(tuning.MATMUL, widen=widen)

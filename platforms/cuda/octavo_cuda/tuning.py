@@ -7,7 +7,7 @@ is where they get measured on a real GPU.
 from __future__ import annotations
 
 from octavo.platform.types import AttentionSpec
-from octavo_triton.tuning import AttentionTuning, RowTuning, SamplerTuning
+from octavo_triton.tuning import AttentionTuning, MatmulTuning, RowTuning, SamplerTuning
 
 # Rows of a program: 16 is the smallest mma M; tf32x3 keeps P @ V within an ulp of float32.
 _ATTENTION = AttentionTuning(block_m=16, tile_n=64, num_warps=4, num_stages=2, pv_precision="tf32x3")
@@ -15,6 +15,8 @@ _ATTENTION_WIDE_HEADS = AttentionTuning(block_m=16, tile_n=32, num_warps=4, num_
 
 SAMPLER = SamplerTuning(block_v=2048, num_warps=8)
 ROWS = RowTuning(max_block=65536, bitmask_block=1024, warp_size=32)
+MATMUL = MatmulTuning(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=3)
+FP8_MMA_ARCH = 89  # Ada and Hopper multiply e4m3 natively; Ampere widens it to float16
 
 
 def attention_tuning(spec: AttentionSpec) -> AttentionTuning:

@@ -9,7 +9,7 @@ exact-enough option the AMD backend offers where NVIDIA's uses tf32x3.
 from __future__ import annotations
 
 from octavo.platform.types import AttentionSpec
-from octavo_triton.tuning import AttentionTuning, RowTuning, SamplerTuning
+from octavo_triton.tuning import AttentionTuning, MatmulTuning, RowTuning, SamplerTuning
 
 WARP_SIZE = 64
 NUM_COMPUTE_UNITS = 304  # MI300X; the persistent RMSNorm grid
@@ -19,6 +19,8 @@ _ATTENTION_WIDE_HEADS = AttentionTuning(block_m=16, tile_n=32, num_warps=4, num_
 
 SAMPLER = SamplerTuning(block_v=4096, num_warps=8)
 ROWS = RowTuning(max_block=8192, bitmask_block=2048, warp_size=WARP_SIZE)
+# The Triton scaled-mm used where hipBLASLt FP8 is unavailable: MFMA-friendly 128-wide K steps.
+MATMUL = MatmulTuning(block_m=64, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=2)
 
 
 def attention_tuning(spec: AttentionSpec) -> AttentionTuning:

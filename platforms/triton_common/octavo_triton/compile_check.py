@@ -18,13 +18,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from octavo.platform.types import AttentionSpec
-from octavo_triton import attention_kernels, bitmask, rms_norm, sampler_kernels
+from octavo_triton import attention_kernels, bitmask, fp8, rms_norm, sampler_kernels
 from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton.runtime import interpreting, next_power_of_2
-from octavo_triton.tuning import AttentionTuning, RowTuning, SamplerTuning
+from octavo_triton.tuning import AttentionTuning, MatmulTuning, RowTuning, SamplerTuning
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-FLOAT_ARGS = ("scale", "eps")
+FLOAT_ARGS = ("scale", "eps", "fp8_max", "min_scale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +113,31 @@ def bitmask_builds(tuning: RowTuning) -> list[KernelBuild]:
         )
         for indexed in (False, True)
     ]
+
+
+def fp8_builds(tuning: MatmulTuning, fp8_type: str, widen: bool) -> list[KernelBuild]:
+    """The scaled matmul (per-token x per-channel scales with bias into bf16, per-tensor into
+    fp16) and the per-token activation quantisation, for ``fp8_type`` (``fp8e4nv`` is OCP
+    e4m3, ``fp8e4b8`` the e4m3fnuz of gfx942). Widened, the operands are bytes and the
+    quantisation is left out: such chips have no FP8 type to store."""
+    builds = []
+    for out, per_row, bias in (("bf16", True, True), ("fp16", False, False)):
+        builds.append(KernelBuild(
+            f"scaled_mm[{fp8_type}->{out}{',widened' if widen else ''}]", fp8.scaled_mm_kernel,
+            {"out_ptr": out, "a_ptr": "u8" if widen else fp8_type, "b_ptr": "u8" if widen else fp8_type, "scale_a_ptr": "fp32",
+             "scale_b_ptr": "fp32", "bias_ptr": out},
+            dict(PER_TOKEN_A=per_row, PER_CHANNEL_B=per_row, HAS_BIAS=bias, WIDEN=widen,
+                 BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_K=tuning.block_k,
+                 GROUP_M=tuning.group_m, EMULATE=False),
+            {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages},
+        ))
+    if not widen:
+        builds.append(KernelBuild(
+            f"per_token_quant[bf16->{fp8_type}]", fp8.per_token_quant_kernel,
+            {"q_ptr": fp8_type, "scale_ptr": "fp32", "x_ptr": "bf16"},
+            dict(BLOCK_K=2048, EMULATE=False), {"num_warps": 8},
+        ))
+    return builds
 
 
 def compile_builds(builds: Sequence[KernelBuild], target: GPUTarget) -> list[dict]:

@@ -224,3 +224,39 @@ def check_generation_matches_cpu(platform_name: str, model_dir, monkeypatch):
     if runtime.interpreting():
         monkeypatch.setenv(runtime.INTERPRET_DEVICE_ENV, platform_name)
     assert generate(platform_name) == expected
+
+
+SCALED_MM_SHAPES = ((5, 40, 24), (33, 96, 17))  # (M, K, N): ragged tiles on every side
+
+
+def check_scaled_mm(scaled_mm, device, out_dtype: torch.dtype, fp8_dtype=torch.float8_e4m3fn):
+    """FP8 scaled matmul against the reference: per-tensor, per-token and per-channel scales,
+    with and without bias; float32 accumulation, so only summation order differs."""
+    gen = torch.Generator().manual_seed(11)
+    for m, k, n in SCALED_MM_SHAPES:
+        a = (torch.randn(m, k, generator=gen) * 4).to(fp8_dtype)
+        b = (torch.randn(k, n, generator=gen) * 4).to(fp8_dtype)
+        scales_a = (torch.tensor([0.02]), torch.rand(m, 1, generator=gen) / 10)
+        scales_b = (torch.tensor([0.5]), torch.rand(1, n, generator=gen))
+        for scale_a, scale_b in zip(scales_a, scales_b):
+            for bias in (None, torch.randn(n, generator=gen).to(out_dtype)):
+                expected = reference.scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+                got = scaled_mm(a.to(device), b.to(device), scale_a.to(device), scale_b.to(device),
+                                out_dtype, None if bias is None else bias.to(device))
+                assert got.dtype == out_dtype and got.shape == (m, n)
+                assert_close(got, expected)
+
+
+def check_per_token_quant(device, fp8_dtype=torch.float8_e4m3fn):
+    """Dynamic per-token quantisation: ``scale = amax / fp8_max`` per row and ``q`` the
+    round-to-nearest FP8 value of ``x / scale`` (as torch casts), zero rows included."""
+    from octavo_triton.fp8 import make_per_token_quant
+
+    fp8_max = torch.finfo(fp8_dtype).max
+    x = torch.randn(7, 300, generator=torch.Generator().manual_seed(5)) * 3
+    x[3] = 0.0
+    q, scale = make_per_token_quant(fp8_dtype, block_k=128)(x.to(device))
+    expected_scale = (x.abs().amax(1, keepdim=True) / fp8_max).clamp(min=1.0 / (fp8_max * 512.0))
+    assert torch.equal(scale.cpu(), expected_scale)
+    expected = (x / expected_scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
+    assert torch.equal(q.cpu().float(), expected.float())

@@ -59,3 +59,15 @@ class RowTuning:
     max_block: int = 65536
     bitmask_block: int = 1024
     warp_size: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulTuning:
+    """Tiles of the FP8 scaled matmul (``block_k`` of 64+ feeds FP8 matrix units full K)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3

@@ -7,7 +7,8 @@ import torch
 
 from octavo_triton import kernel_checks as checks
 from octavo_triton.sampler import make_sampler
-from octavo_triton.tuning import SamplerTuning
+from octavo_triton.fp8 import make_scaled_mm
+from octavo_triton.tuning import MatmulTuning, SamplerTuning
 
 pytestmark = pytest.mark.needs_kernels
 
@@ -53,3 +54,18 @@ def test_sampler_ties_across_vocabulary_chunks(device, rows_per_program):
     """The shared kernel with small chunks, one row per program (as on GPUs) and several."""
     tuning = SamplerTuning(block_v=32, block_r=rows_per_program, interpreter_block_r=rows_per_program)
     checks.check_sampler_ties_across_chunks(make_sampler(96, tuning), device)
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=str)
+def test_fp8_scaled_mm_matches_reference(platform, device, out_dtype):
+    checks.check_scaled_mm(platform.scaled_mm(), device, out_dtype)
+
+
+def test_fp8_scaled_mm_widened_for_chips_without_fp8(device):
+    """sm_80's path: e4m3 bytes widened to float16 by bit moves, small tiles so K loops."""
+    tiles = MatmulTuning(block_m=32, block_n=16, block_k=32, group_m=2)
+    checks.check_scaled_mm(make_scaled_mm(tiles, widen=True), device, torch.bfloat16)
+
+
+def test_fp8_per_token_quantisation(device):
+    checks.check_per_token_quant(device)

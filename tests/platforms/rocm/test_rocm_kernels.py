@@ -76,3 +76,10 @@ def test_greedy_sampling_is_argmax_lowest_index(platform, device):
 @pytest.mark.parametrize("use_indices", [False, True], ids=["rows", "indices"])
 def test_token_bitmask_matches_reference(platform, device, use_indices):
     checks.check_bitmask(platform, device, torch.float32, 100, use_indices)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fp8_scaled_mm_matches_reference(platform, device, out_dtype):
+    """The Triton scaled-mm fallback (e4m3fn here: the interpreter has no e4m3fnuz, gfx942's
+    FP8, which the compile check covers)."""
+    checks.check_scaled_mm(platform.scaled_mm(), device, out_dtype)
