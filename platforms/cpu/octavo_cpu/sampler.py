@@ -130,8 +130,43 @@ def sample_full_rows(logits, temperature, metadata: SamplingMetadata) -> torch.T
 
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """One token id per row of ``logits [R, V]`` (not modified); int64 ``[R]``."""
+    """One token id per row of ``logits [R, V]`` (not modified); int64 ``[R]``.
+
+    A seeded row is sampled on its own, so which path it takes (top-k candidates or full
+    rows) and every rounding it sees depend on that row alone: a seeded request draws the same
+    tokens whatever else is in the batch. Unseeded rows are sampled together.
+    """
     if metadata.all_greedy or logits.shape[0] == 0:
+        return logits.argmax(dim=-1)
+    if not metadata.generators or (len(metadata.generators) == 1 and logits.shape[0] == 1):
+        return _sample_rows(logits, metadata)
+    sampled = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    seeded = sorted(metadata.generators)
+    for row in seeded:
+        sampled[row] = _sample_rows(logits[row : row + 1], _select_rows(metadata, [row]))[0]
+    rest = sorted(set(range(logits.shape[0])) - set(seeded))
+    if rest:
+        sampled[rest] = _sample_rows(logits[rest], _select_rows(metadata, rest))
+    return sampled
+
+
+def _select_rows(metadata: SamplingMetadata, rows: list[int]) -> SamplingMetadata:
+    """The metadata of ``rows`` only (generators re-keyed to their new positions)."""
+    index = torch.tensor(rows, dtype=torch.long)
+    temperature, top_k = metadata.temperature[index], metadata.top_k[index]
+    top_p, min_p = metadata.top_p[index], metadata.min_p[index]
+    return SamplingMetadata(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        generators={i: metadata.generators[row] for i, row in enumerate(rows) if row in metadata.generators},
+        all_greedy=bool((temperature == 0).all()), all_random=bool((temperature > 0).all()),
+        no_top_k=metadata.no_top_k or bool((top_k <= 0).all()),
+        no_top_p=metadata.no_top_p or bool((top_p >= 1.0).all()),
+        no_min_p=metadata.no_min_p or bool((min_p <= 0.0).all()),
+    )
+
+
+def _sample_rows(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    if metadata.all_greedy:
         return logits.argmax(dim=-1)
     temperature = metadata.temperature.float()
     if not metadata.all_random:
