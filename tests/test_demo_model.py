@@ -148,3 +148,25 @@ def test_greedy_completion_of_def_is_deterministic_and_not_degenerate(model, tok
     assert len(set(first)) >= 4, f"degenerate completion {tokenizer.decode(first)!r}"
     text = tokenizer.decode(first, skip_special_tokens=True)
     assert "(" in text, f"'def ' should be completed by a signature, got {text!r}"
+
+
+ENGINE_PROMPTS = ("def fibonacci(n):", "import os\n", "class ", "    def __init__(self")
+
+
+@pytest.mark.slow
+def test_octavo_greedy_output_equals_transformers(model, tokenizer):
+    """The engine on the bundled folder: same prompt ids and same greedy tokens as transformers."""
+    from octavo import LLM
+    from octavo.sampling_params import SamplingParams
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        llm = LLM(str(DEMO_MODEL_DIR), kv_cache_memory="8MiB", max_num_seqs=8, max_num_batched_tokens=512)
+        outputs = llm.generate(list(ENGINE_PROMPTS), SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+    finally:
+        torch.set_num_threads(previous)
+    for prompt, output in zip(ENGINE_PROMPTS, outputs):
+        assert output.prompt_token_ids == tokenizer(prompt).input_ids
+        expected = _greedy(model, tokenizer, prompt, max_new_tokens=32)
+        assert list(output.outputs[0].token_ids) == expected, prompt
