@@ -6,7 +6,7 @@ import torch
 import triton
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata, AttentionSpec
-from octavo_triton.attention_kernels import unified_attention_kernel, write_kv_kernel
+from octavo_triton.attention_kernels import merge_segments_kernel, unified_attention_kernel, write_kv_kernel
 from octavo_triton.runtime import interpreting, next_power_of_2, upcast_loads
 from octavo_triton.tuning import AttentionTuning
 
@@ -101,10 +101,32 @@ class TritonAttentionBackend(AttentionBackend):
             return {}
         return {"num_warps": self.tuning.num_warps, "num_stages": self.tuning.num_stages}
 
+    def num_segments(self, metadata: AttentionMetadata, num_tokens: int) -> int:
+        """Split-KV segments for this batch (1: no split), from host scalars only: short
+        queries only, too few programs to fill the GPU, and a context worth splitting."""
+        t = self.tuning
+        if t.split_kv_segment_len <= 0 or metadata.max_query_len > self.block_q:
+            return 1
+        programs = (num_tokens // self.block_q + metadata.num_reqs) * self.spec.num_kv_heads
+        if programs >= t.split_kv_max_programs:
+            return 1
+        return max(1, min(t.split_kv_max_segments, triton.cdiv(metadata.max_seq_len, t.split_kv_segment_len)))
+
     def _launch(self, out, query, kv_cache, metadata: AttentionMetadata, num_reqs: int) -> None:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         block_table = metadata.block_table
-        grid = (query.shape[0] // self.block_q + num_reqs, self.spec.num_kv_heads)
+        num_tokens, num_heads = query.shape[0], self.spec.num_heads
+        segments = self.num_segments(metadata, num_tokens)
+        segment_len = self.tuning.split_kv_segment_len
+        if segments > 1:
+            # every segment but the last is a whole number of tiles; the last runs to the end
+            segment_len = triton.cdiv(triton.cdiv(metadata.max_seq_len, segments), self.tuning.tile_n) * self.tuning.tile_n
+            partial = torch.empty(num_tokens, num_heads, segments, self.head_dim_pad, dtype=torch.float32, device=out.device)
+            maxima = torch.empty(num_tokens, num_heads, segments, dtype=torch.float32, device=out.device)
+            sums = torch.empty_like(maxima)
+        else:
+            partial = maxima = sums = out  # unused
+        grid = (num_tokens // self.block_q + num_reqs, self.spec.num_kv_heads, segments)
         unified_attention_kernel[grid](
             out, query, k_cache, v_cache,
             block_table, metadata.seq_lens, metadata.query_start_loc,
@@ -112,6 +134,15 @@ class TritonAttentionBackend(AttentionBackend):
             query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            partial, maxima, sums, max(segment_len, 1),
             **self.kernel_constexprs(query.dtype, kv_cache.dtype, k_cache.shape[1]),
-            **self.launch_options(),
+            NUM_SEGMENTS=segments, **self.launch_options(),
         )
+        if segments > 1:
+            merge_segments_kernel[(num_tokens, num_heads)](
+                out, partial, maxima, sums, metadata.query_start_loc, num_reqs, num_heads,
+                out.stride(0), out.stride(1),
+                NUM_SEGMENTS=segments, SEGMENTS_PAD=max(2, next_power_of_2(segments)),
+                HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+                EMULATE=upcast_loads(out.dtype),
+            )

@@ -108,14 +108,18 @@ def unified_attention_kernel(
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_req,
     stride_kc_block, stride_kc_slot, stride_kc_head,
     stride_vc_block, stride_vc_slot, stride_vc_head,
+    partial_ptr, max_ptr, sum_ptr, segment_len,
     GQA: tl.constexpr, SLIDING_WINDOW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    UPCAST: tl.constexpr, PV_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PV_PRECISION: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
 ):
-    """Grid ``(T // BLOCK_Q + R, num_kv_heads)``: a program takes up to ``BLOCK_Q`` new tokens of
-    one request and the ``GQA`` query heads of one KV head, and walks that request's context
-    through its block table with an online softmax, causal inside the new tokens."""
+    """Grid ``(T // BLOCK_Q + R, num_kv_heads, NUM_SEGMENTS)``: a program takes up to ``BLOCK_Q``
+    new tokens of one request and the ``GQA`` query heads of one KV head, and walks that
+    request's context through its block table with an online softmax, causal inside the new
+    tokens. With ``NUM_SEGMENTS > 1`` (split-KV, for long contexts and few requests) program
+    ``s`` walks context positions ``[s * segment_len, (s + 1) * segment_len)`` (the last one to
+    the end) and stores its unnormalised partial result for :func:`merge_segments_kernel`."""
     pid = tl.program_id(0).to(tl.int64)  # int64 index math: no overflow on large caches
     kv_head = tl.program_id(1).to(tl.int64)
     req = find_request(query_start_loc_ptr, num_reqs, pid, BLOCK_Q)
@@ -145,15 +149,55 @@ def unified_attention_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
         block_table_row_ptr = block_table_ptr + req * stride_bt_req
-        for tile_start in range(kv_start, kv_end, TILE_N):
+        walk_end = kv_end
+        if NUM_SEGMENTS > 1:
+            segment = tl.program_id(2)
+            kv_start = tl.maximum(kv_start, segment * segment_len)
+            if segment < NUM_SEGMENTS - 1:
+                walk_end = tl.minimum(kv_end, (segment + 1) * segment_len)
+        for tile_start in range(kv_start, walk_end, TILE_N):
             m_i, l_i, acc = attend_tile(
-                q, m_i, l_i, acc, q_pos, tile_start, kv_end,
+                q, m_i, l_i, acc, q_pos, tile_start, walk_end,
                 k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, scale,
                 stride_kc_block, stride_kc_slot, stride_kc_head,
                 stride_vc_block, stride_vc_slot, stride_vc_head,
                 SLIDING_WINDOW, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE_N, UPCAST, PV_PRECISION,
             )
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_off = (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head
-        tl.store(out_ptr + o_off + dims[None, :], narrow(out, out_ptr.dtype.element_ty, UPCAST),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        if NUM_SEGMENTS > 1:
+            # partials [T, H, S, HEAD_DIM_PAD], maxima and sums [T, H, S]
+            slot = ((q_start + tok) * (tl.num_programs(1) * GQA) + head) * NUM_SEGMENTS + tl.program_id(2)
+            tl.store(max_ptr + slot, m_i, mask=row_ok)
+            tl.store(sum_ptr + slot, l_i, mask=row_ok)
+            tl.store(partial_ptr + slot[:, None] * HEAD_DIM_PAD + dims[None, :], acc, mask=row_ok[:, None])
+        else:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            o_off = (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head
+            tl.store(out_ptr + o_off + dims[None, :], narrow(out, out_ptr.dtype.element_ty, UPCAST),
+                     mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def merge_segments_kernel(
+    out_ptr, partial_ptr, max_ptr, sum_ptr, query_start_loc_ptr, num_reqs, num_heads,
+    stride_o_tok, stride_o_head,
+    NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """Grid ``(T, num_heads)``: one token's head from its segments' partial softmax results
+    (rescaled to the largest maximum); padding tokens are left alone."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    if token < tl.load(query_start_loc_ptr + num_reqs):
+        segments = tl.arange(0, SEGMENTS_PAD)
+        s_ok = segments < NUM_SEGMENTS
+        slot = (token * num_heads + head) * NUM_SEGMENTS + segments
+        m = tl.load(max_ptr + slot, mask=s_ok, other=float("-inf"))
+        l = tl.load(sum_ptr + slot, mask=s_ok, other=0.0)
+        m_max = tl.max(m, axis=0)
+        weight = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+        dims = tl.arange(0, HEAD_DIM_PAD)
+        acc = tl.load(partial_ptr + slot[:, None] * HEAD_DIM_PAD + dims[None, :], mask=s_ok[:, None], other=0.0)
+        total = tl.sum(l * weight, axis=0)
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+        tl.store(out_ptr + token * stride_o_tok + head * stride_o_head + dims,
+                 narrow(out, out_ptr.dtype.element_ty, EMULATE), mask=dims < HEAD_DIM)

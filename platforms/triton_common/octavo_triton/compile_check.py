@@ -62,14 +62,28 @@ def attention_builds(spec: AttentionSpec, tuning: AttentionTuning, label: str) -
              BLOCK_T=tuning.kv_write_tokens, EMULATE_BF16=False),
         {},
     )
-    attend = KernelBuild(
-        f"unified_attention[{label}]", attention_kernels.unified_attention_kernel,
-        {"out_ptr": t, "q_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "block_table_ptr": "i32",
-         "seq_lens_ptr": "i32", "query_start_loc_ptr": "i32"},
-        backend.kernel_constexprs(spec.dtype, spec.dtype, spec.block_size),
-        {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages},
-    )
-    return [write, attend]
+    pointers = {"out_ptr": t, "q_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "block_table_ptr": "i32",
+                "seq_lens_ptr": "i32", "query_start_loc_ptr": "i32", "partial_ptr": "fp32",
+                "max_ptr": "fp32", "sum_ptr": "fp32"}
+    constexprs = backend.kernel_constexprs(spec.dtype, spec.dtype, spec.block_size)
+    options = {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages}
+    builds = [write, KernelBuild(f"unified_attention[{label}]", attention_kernels.unified_attention_kernel,
+                                 pointers, {**constexprs, "NUM_SEGMENTS": 1}, options)]
+    if tuning.split_kv_segment_len > 0:
+        segments = tuning.split_kv_max_segments
+        builds.append(KernelBuild(
+            f"split_kv_attention[{label}]", attention_kernels.unified_attention_kernel,
+            pointers, {**constexprs, "NUM_SEGMENTS": segments}, options,
+        ))
+        builds.append(KernelBuild(
+            f"merge_segments[{label}]", attention_kernels.merge_segments_kernel,
+            {"out_ptr": t, "partial_ptr": "fp32", "max_ptr": "fp32", "sum_ptr": "fp32",
+             "query_start_loc_ptr": "i32"},
+            dict(NUM_SEGMENTS=segments, SEGMENTS_PAD=next_power_of_2(segments), HEAD_DIM=spec.head_dim,
+                 HEAD_DIM_PAD=backend.head_dim_pad, EMULATE=False),
+            {"num_warps": 4},
+        ))
+    return builds
 
 
 def rms_norm_builds(hidden_size: int, dtype: torch.dtype, tuning: RowTuning) -> list[KernelBuild]:

@@ -31,6 +31,11 @@ class AttentionCase:
     num_pad_tokens: int = 0
 
 
+SPLIT_KV_CASES = (
+    AttentionCase("decodes-long-contexts", (1, 1, 1), (150, 37, 90), 8, 2, 32, 16, num_pad_tokens=2),
+    AttentionCase("short-chunks-sliding-window", (2, 1), (120, 70), 4, 1, 16, 8, sliding_window=50),
+)
+
 ATTENTION_CASES = (
     AttentionCase("mixed-prefill-decode", (1, 5, 1, 7), (9, 0, 20, 3), 4, 2, 32, 8, num_pad_tokens=2),
     AttentionCase("decodes-gqa4-odd-head-dim", (1, 1, 1), (15, 33, 0), 8, 2, 24, 16),
@@ -41,14 +46,15 @@ ATTENTION_CASES = (
 )
 
 
-def check_attention(platform: Platform, device, dtype: torch.dtype, case: AttentionCase, seed: int = 0):
-    """The platform's paged attention writes the KV cache exactly as the reference does and
-    returns the reference's output (within an ulp in 16-bit dtypes)."""
+def check_attention(backend_for, device, dtype: torch.dtype, case: AttentionCase, seed: int = 0):
+    """The paged attention of ``backend_for(spec)`` (e.g. ``platform.attention_backend``) writes
+    the KV cache exactly as the reference does and returns the reference's output (within an
+    ulp in 16-bit dtypes)."""
     spec = AttentionSpec(
         case.num_heads, case.num_kv_heads, case.head_dim, dtype, case.block_size,
         case.head_dim**-0.5, case.sliding_window,
     )
-    backend = platform.attention_backend(spec)
+    backend = backend_for(spec)
     batch = random_paged_batch(
         case.query_lens, case.context_lens, case.num_heads, case.num_kv_heads, case.head_dim,
         case.block_size, dtype, case.num_pad_tokens, seed,

@@ -25,10 +25,18 @@ class AttentionTuning:
     num_stages: int = 2
     pv_precision: str = "ieee"
     kv_write_tokens: int = 1
-    # Under the interpreter a program's cost is per operation, not per element: bigger tiles.
+    # Split-KV: a batch of short queries (decodes) with fewer than ``split_kv_max_programs``
+    # programs splits contexts longer than ``split_kv_segment_len`` into up to
+    # ``split_kv_max_segments`` segments walked in parallel (0 turns it off).
+    split_kv_segment_len: int = 0
+    split_kv_max_segments: int = 16
+    split_kv_max_programs: int = 0
+    # Under the interpreter a program's cost is per operation, not per element: bigger tiles,
+    # and split-KV whenever it applies, so the conformance suite covers it.
     interpreter_block_m: int = 64
     interpreter_tile_n: int = 128
     interpreter_kv_write_tokens: int = 64
+    interpreter_split_kv_segment_len: int = 64
 
     def for_interpreter(self) -> "AttentionTuning":
         """The shapes to use when kernels run in the Triton interpreter."""
@@ -37,6 +45,8 @@ class AttentionTuning:
             block_m=self.interpreter_block_m,
             tile_n=self.interpreter_tile_n,
             kv_write_tokens=self.interpreter_kv_write_tokens,
+            split_kv_segment_len=self.interpreter_split_kv_segment_len,
+            split_kv_max_programs=1 << 30,
         )
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from octavo.platform.types import AttentionSpec
+from octavo_cuda import tuning
+from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton import kernel_checks as checks
 from octavo_triton.sampler import make_sampler
 from octavo_triton.fp8 import make_scaled_mm
@@ -18,7 +23,26 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", checks.ATTENTION_CASES, ids=lambda c: c.name)
 def test_paged_attention_matches_reference(platform, device, dtype, case):
-    checks.check_attention(platform, device, dtype, case)
+    checks.check_attention(platform.attention_backend, device, dtype, case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", checks.SPLIT_KV_CASES, ids=lambda c: c.name)
+def test_split_kv_with_the_gpu_tiles(device, dtype, case):
+    """The cuda tiles (16-row query blocks, 64-token context tiles) and split-KV over 3-5
+    segments of one tile, each merged by the second kernel."""
+    gpu = tuning.attention_tuning(AttentionSpec(8, 2, 32, dtype, 16, 1.0))
+    forced = dataclasses.replace(
+        gpu, split_kv_segment_len=64, split_kv_max_programs=1 << 30,
+        interpreter_block_m=gpu.block_m, interpreter_tile_n=gpu.tile_n,
+        interpreter_kv_write_tokens=gpu.kv_write_tokens, interpreter_split_kv_segment_len=32,
+    )
+    backend_for = lambda spec: TritonAttentionBackend(spec, forced)  # noqa: E731
+    spec = AttentionSpec(case.num_heads, case.num_kv_heads, case.head_dim, dtype, case.block_size, 1.0)
+    batch = checks.random_paged_batch(case.query_lens, case.context_lens, case.num_heads,
+                                      case.num_kv_heads, case.head_dim, case.block_size, dtype)
+    assert backend_for(spec).num_segments(batch.metadata, batch.query.shape[0]) >= 3
+    checks.check_attention(backend_for, device, dtype, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16], ids=str)

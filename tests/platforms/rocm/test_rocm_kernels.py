@@ -21,7 +21,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", checks.ATTENTION_CASES[:4], ids=lambda c: c.name)
 def test_paged_attention_matches_reference(platform, device, dtype, case):
-    checks.check_attention(platform, device, dtype, case)
+    checks.check_attention(platform.attention_backend, device, dtype, case)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
