@@ -1,0 +1,1 @@
+"""``octavo bench``: offline throughput, online serving, batch latency and start-up measurements."""

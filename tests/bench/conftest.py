@@ -1,0 +1,26 @@
+"""Fixtures for ``octavo bench`` tests: one tiny random Llama for the whole session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
+
+TINY = TinyModelSpec("LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256, seed=5)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny shapes gain nothing from a second thread on a shared 2-core machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def bench_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("bench_tiny") / "llama", TINY)
