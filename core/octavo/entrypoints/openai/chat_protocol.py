@@ -104,25 +104,3 @@ class ChatCompletionResponse(ResponseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
-
-
-class DeltaMessage(ResponseModel):
-    role: Optional[str] = None
-    content: Optional[str] = None
-
-
-class ChatStreamChoice(ResponseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionChunk(ResponseModel):
-    id: str
-    object: str = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: Optional[UsageInfo] = None

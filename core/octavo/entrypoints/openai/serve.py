@@ -14,6 +14,9 @@ from octavo.config import EngineArgs
 from octavo.errors import ConfigError
 
 DEMO_MODEL_NAME = "octavo-demo"
+# The demo model's KV cache unless --kv-cache-memory says otherwise: ample for a 4M-parameter model
+# with a 512-token context, where --gpu-memory-utilization of a CPU's RAM would take most of it.
+DEMO_KV_CACHE_MEMORY = "1GiB"
 API_KEY_ENV = "OCTAVO_API_KEY"
 
 
@@ -64,9 +67,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.max_queue_len is not None and args.max_queue_len < 0:
         raise ConfigError(f"--max-queue-len must be >= 0; got {args.max_queue_len}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model = args.model if args.model is not None else str(demo_model_path())
+    overrides = {"model": args.model}
+    if args.model is None:
+        overrides["model"] = str(demo_model_path())
+        if args.kv_cache_memory is None:
+            overrides["kv_cache_memory"] = DEMO_KV_CACHE_MEMORY
+    model = overrides["model"]
     default_name = args.model if args.model is not None else DEMO_MODEL_NAME
-    engine_args = EngineArgs.from_cli_args(args, model=model)
+    engine_args = EngineArgs.from_cli_args(args, **overrides)
     config = ServerConfig(
         served_model_name=args.served_model_name or default_name,
         model_path=model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import AsyncIterator, Optional
 
 from fastapi import Request
@@ -11,8 +12,8 @@ from starlette.background import BackgroundTask
 
 from octavo.engine.async_engine import EngineDeadError
 from octavo.entrypoints.openai.chat_protocol import (
-    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobEntry, ChatLogprobs,
-    ChatLogprobToken, ChatResponseMessage, ChatStreamChoice, DeltaMessage,
+    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobEntry, ChatLogprobs, ChatLogprobToken,
+    ChatResponseMessage,
 )
 from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
@@ -111,35 +112,34 @@ async def _stream(
     ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int,
     generators: list[AsyncIterator], admission: Admission,
 ) -> AsyncIterator[str]:
-    model = ctx.config.served_model_name
+    # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": ctx.config.served_model_name}
 
-    def chunk(index: int, delta: DeltaMessage, completion: Optional[CompletionOutput] = None, logprobs=None) -> str:
-        choice = ChatStreamChoice(
-            index=index, delta=delta, logprobs=logprobs,
-            finish_reason=completion.finish_reason if completion else None,
-            stop_reason=completion.stop_reason if completion else None,
-        )
-        payload = dump(ChatCompletionChunk(id=request_id, model=model, choices=[choice]))
-        payload["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits unset delta fields
-        return sse(payload)
+    def chunk(index: int, delta: dict, completion: Optional[CompletionOutput] = None, logprobs=None) -> str:
+        choice = {
+            "index": index, "delta": delta, "logprobs": None if logprobs is None else dump(logprobs),
+            "finish_reason": completion.finish_reason if completion else None,
+            "stop_reason": completion.stop_reason if completion else None,
+        }
+        return sse({**head, "choices": [choice], "usage": None})
 
     num_completion_tokens = 0
     try:
         for index in range(body.n):
-            yield chunk(index, DeltaMessage(role="assistant", content=""))
+            yield chunk(index, {"role": "assistant", "content": ""})
         async with contextlib.aclosing(merge_outputs(generators)) as outputs:
             async for _, output in outputs:
                 for completion in output.outputs:
                     num_completion_tokens += len(completion.token_ids)
                     logprobs = _logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None
                     if completion.text or (logprobs and logprobs.content):
-                        yield chunk(completion.index, DeltaMessage(content=completion.text), logprobs=logprobs)
+                        yield chunk(completion.index, {"content": completion.text}, logprobs=logprobs)
                     if completion.finish_reason is not None:
-                        yield chunk(completion.index, DeltaMessage(), completion)
+                        yield chunk(completion.index, {}, completion)
         if body.include_usage:
             usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
                               total_tokens=num_prompt_tokens + num_completion_tokens)
-            yield sse(dump(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage)))
+            yield sse({**head, "choices": [], "usage": dump(usage)})
     except EngineDeadError as exc:
         yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
     except ValueError as exc:

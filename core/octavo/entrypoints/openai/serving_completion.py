@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import AsyncIterator, Optional
 
 from fastapi import Request
@@ -92,7 +93,8 @@ async def _stream(
     ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[dict],
     generators: list[AsyncIterator], admission: Admission,
 ) -> AsyncIterator[str]:
-    model = ctx.config.served_model_name
+    # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
+    head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": ctx.config.served_model_name}
     offsets: dict[int, int] = {}  # choice index -> text length sent so far
     num_completion_tokens = 0
     try:
@@ -109,13 +111,16 @@ async def _stream(
                     logprobs = _logprobs(completion.logprobs, body.logprobs, offset) if body.logprobs is not None else None
                     if not text and completion.finish_reason is None and not (logprobs and logprobs.tokens):
                         continue
-                    chunk = CompletionResponse(id=request_id, model=model, choices=[_choice(index, text, logprobs, completion)])
-                    yield sse(dump(chunk))
+                    choice = {
+                        "index": index, "text": text, "logprobs": None if logprobs is None else dump(logprobs),
+                        "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason,
+                    }
+                    yield sse({**head, "choices": [choice], "usage": None})
         if body.include_usage:
             num_prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
             usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
                               total_tokens=num_prompt_tokens + num_completion_tokens)
-            yield sse(dump(CompletionResponse(id=request_id, model=model, choices=[], usage=usage)))
+            yield sse({**head, "choices": [], "usage": dump(usage)})
     except EngineDeadError as exc:
         yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
     except ValueError as exc:
