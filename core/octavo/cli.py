@@ -1,4 +1,4 @@
-"""The ``octavo`` command line: ``octavo env``, ``octavo serve`` (and later ``bench``)."""
+"""The ``octavo`` command line: ``octavo env``, ``octavo serve``, ``octavo bench``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     add_serve_args(serve).set_defaults(run=_serve)
+    from octavo.bench.cli import add_bench_parser
+
+    add_bench_parser(commands)
     return parser
 
 

@@ -1,0 +1,89 @@
+"""``octavo bench startup``: seconds from starting ``octavo serve`` to ``/health/ready`` answering 200."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from octavo.bench.report import print_table, write_json
+
+try:
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover - the upstream name
+    import httpx
+
+
+def add_startup_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags after ``--``."""
+    parser.add_argument("model", nargs="?", default=None, help="model folder for octavo serve (default: the demo model)")
+    parser.add_argument("--num-iters", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up on a start after this many seconds")
+    parser.add_argument("--output-json", type=Path, default=None)
+    parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="after --: extra flags for octavo serve")
+    return parser
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model: Optional[str], serve_args: Sequence[str] = (), timeout: float = 300.0) -> tuple[subprocess.Popen, str, float]:
+    """Start ``octavo serve`` on a free port; return (process, base URL, seconds until /health/ready was 200).
+
+    The caller owns the process and must terminate it. Raises RuntimeError when it exits or times out.
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "octavo.cli", "serve", *([model] if model else []), "--port", str(port),
+               "--disable-log-requests", "--uvicorn-log-level", "warning", *serve_args]
+    base_url = f"http://127.0.0.1:{port}"
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"octavo serve exited with {process.returncode}: {process.stderr.read().decode()[-2000:]}")
+        if time.perf_counter() - start > timeout:
+            stop_server(process)
+            raise RuntimeError(f"octavo serve was not ready after {timeout} s")
+        try:
+            if httpx.get(f"{base_url}/health/ready", timeout=timeout).status_code == 200:
+                return process, base_url, time.perf_counter() - start
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Start and stop the server ``--num-iters`` times; print the start-up seconds."""
+    if args.num_iters < 1:
+        raise ValueError(f"--num-iters must be >= 1; got {args.num_iters}")
+    serve_args = [a for a in args.serve_args if a != "--"]
+    times = []
+    for _ in range(args.num_iters):
+        process, _, seconds = start_server(args.model, serve_args, args.timeout)
+        stop_server(process)
+        times.append(seconds)
+    result = {"benchmark": "startup", "model": args.model or "demo", "num_iters": args.num_iters, "startup_s": times,
+              "startup_mean_s": float(np.mean(times)), "startup_min_s": float(np.min(times))}
+    print_table([result], ["model", "num_iters", "startup_mean_s", "startup_min_s"])
+    write_json(args.output_json, result)
+    return 0
