@@ -82,7 +82,8 @@ def other_cases(platform: Platform, device, sizes: Sizes):
     rows = sizes.sample_rows
     logits = torch.randn(rows, sizes.vocab, device=device) * 4
     metadata = SamplingMetadata(
-        temperature=torch.full((rows,), 0.8, device=device), top_k=torch.full((rows,), 50, device=device, dtype=torch.int32),
+        temperature=torch.full((rows,), 0.8, device=device),
+        top_k=torch.full((rows,), 50, device=device, dtype=torch.int32),
         top_p=torch.full((rows,), 0.9, device=device), min_p=torch.full((rows,), 0.05, device=device),
         all_random=True, no_top_k=False, no_top_p=False, no_min_p=False,
     )

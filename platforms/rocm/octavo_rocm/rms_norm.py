@@ -89,7 +89,8 @@ def make_rms_norm(hidden_size: int, eps: float, max_block: int = 8192, num_progr
     is the persistent grid (an MI300X has 304 compute units)."""
     block = min(next_power_of_2(hidden_size), max_block)
     one_block = block >= hidden_size
-    launch = {} if interpreting() else {"num_warps": max(1, min(16, block // (warp_size * 4)))}
+    interpret = interpreting()
+    launch = {} if interpret else {"num_warps": max(1, min(16, block // (warp_size * 4)))}
 
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """``rms_norm(x) * weight``; with ``residual``: ``(rms_norm(x + residual) * weight, x + residual)``."""
@@ -98,8 +99,10 @@ def make_rms_norm(hidden_size: int, eps: float, max_block: int = 8192, num_progr
         rows = x2.shape[0]
         out = torch.empty(x2.shape, dtype=torch.result_type(weight, x), device=x.device)
         r2 = x2 if residual is None else row_view(residual, hidden_size)
-        summed = out if residual is None else torch.empty(x2.shape, dtype=torch.result_type(x, residual), device=x.device)
-        upcast = any(upcast_loads(t.dtype) for t in (x, weight, r2))
+        summed = out
+        if residual is not None:
+            summed = torch.empty(x2.shape, dtype=torch.result_type(x, residual), device=x.device)
+        upcast = any(upcast_loads(t.dtype, interpret) for t in (x, weight, r2))
         if rows:
             programs = min(rows, num_programs)
             fused_add_rms_norm_kernel[(programs,)](

@@ -19,7 +19,7 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 def write_kv(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    tokens_per_program: int = 1,
+    tokens_per_program: int = 1, interpret: bool | None = None,
 ) -> None:
     """Store the new tokens' K/V at ``slot_mapping`` (``-1`` skips) in the default layout."""
     num_slots = slot_mapping.shape[0]
@@ -54,12 +54,17 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(
                 f"num_heads ({spec.num_heads}) must be a multiple of num_kv_heads ({spec.num_kv_heads})"
             )
-        self.tuning = tuning = tuning.for_interpreter() if interpreting() else tuning
+        self.interpret = interpreting()
+        self.tuning = tuning = tuning.for_interpreter() if self.interpret else tuning
         self.gqa = spec.num_heads // spec.num_kv_heads
         self.block_m = max(tuning.block_m, next_power_of_2(self.gqa))
         self.block_q = self.block_m // self.gqa
         self.head_dim_pad = max(16, next_power_of_2(spec.head_dim))
         self.sliding_window = spec.sliding_window or 0
+        self._constexprs: dict[tuple, dict] = {}
+        self.launch_options = {}
+        if not self.interpret:
+            self.launch_options = {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages}
 
     def forward(
         self,
@@ -70,7 +75,7 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Write the new K/V through ``slot_mapping``, then attend through ``block_table``."""
-        write_kv(key, value, kv_cache, metadata.slot_mapping, self.tuning.kv_write_tokens)
+        write_kv(key, value, kv_cache, metadata.slot_mapping, self.tuning.kv_write_tokens, self.interpret)
         out = torch.zeros_like(query)
         num_reqs = metadata.num_reqs
         if num_reqs == 0 or query.shape[0] == 0:
@@ -81,25 +86,23 @@ class TritonAttentionBackend(AttentionBackend):
 
     def kernel_constexprs(self, query_dtype: torch.dtype, kv_dtype: torch.dtype, block_size: int) -> dict:
         """The attention kernel's compile-time arguments for these dtypes (also what the
-        compilation checks build)."""
-        upcast = upcast_loads(query_dtype) or upcast_loads(kv_dtype) or query_dtype != kv_dtype
-        pv_precision = self.tuning.pv_precision
-        if pv_precision == "low" and (upcast or kv_dtype not in _LOW_PRECISION):
-            pv_precision = "ieee"
-        if interpreting() and pv_precision != "low":
-            pv_precision = "ieee"  # the interpreter multiplies exactly and knows no bf16x3
-        return dict(
-            GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=block_size,
-            HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-            BLOCK_M=self.block_m, BLOCK_Q=self.block_q, TILE_N=self.tuning.tile_n,
-            UPCAST=upcast, PV_PRECISION=pv_precision,
-        )
-
-    def launch_options(self) -> dict:
-        """``num_warps`` and ``num_stages`` on a GPU; nothing under the interpreter."""
-        if interpreting():
-            return {}
-        return {"num_warps": self.tuning.num_warps, "num_stages": self.tuning.num_stages}
+        compilation checks build); worked out once per combination."""
+        key = (query_dtype, kv_dtype, block_size)
+        if key not in self._constexprs:
+            upcast = (upcast_loads(query_dtype, self.interpret) or upcast_loads(kv_dtype, self.interpret)
+                      or query_dtype != kv_dtype)
+            pv_precision = self.tuning.pv_precision
+            if pv_precision == "low" and (upcast or kv_dtype not in _LOW_PRECISION):
+                pv_precision = "ieee"
+            if self.interpret and pv_precision != "low":
+                pv_precision = "ieee"  # the interpreter multiplies exactly and knows no bf16x3
+            self._constexprs[key] = dict(
+                GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=block_size,
+                HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+                BLOCK_M=self.block_m, BLOCK_Q=self.block_q, TILE_N=self.tuning.tile_n,
+                UPCAST=upcast, PV_PRECISION=pv_precision,
+            )
+        return self._constexprs[key]
 
     def num_segments(self, metadata: AttentionMetadata, num_tokens: int) -> int:
         """Split-KV segments for this batch (1: no split), from host scalars only: short
@@ -120,9 +123,11 @@ class TritonAttentionBackend(AttentionBackend):
         segment_len = self.tuning.split_kv_segment_len
         if segments > 1:
             # every segment but the last is a whole number of tiles; the last runs to the end
-            segment_len = triton.cdiv(triton.cdiv(metadata.max_seq_len, segments), self.tuning.tile_n) * self.tuning.tile_n
-            partial = torch.empty(num_tokens, num_heads, segments, self.head_dim_pad, dtype=torch.float32, device=out.device)
-            maxima = torch.empty(num_tokens, num_heads, segments, dtype=torch.float32, device=out.device)
+            tile = self.tuning.tile_n
+            segment_len = triton.cdiv(triton.cdiv(metadata.max_seq_len, segments), tile) * tile
+            shape = (num_tokens, num_heads, segments)
+            partial = torch.empty(*shape, self.head_dim_pad, dtype=torch.float32, device=out.device)
+            maxima = torch.empty(shape, dtype=torch.float32, device=out.device)
             sums = torch.empty_like(maxima)
         else:
             partial = maxima = sums = out  # unused
@@ -135,8 +140,8 @@ class TritonAttentionBackend(AttentionBackend):
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             partial, maxima, sums, max(segment_len, 1),
-            **self.kernel_constexprs(query.dtype, kv_cache.dtype, k_cache.shape[1]),
-            NUM_SEGMENTS=segments, **self.launch_options(),
+            **self.kernel_constexprs(query.dtype, kv_cache.dtype, k_cache.shape[1]), NUM_SEGMENTS=segments,
+            **self.launch_options,
         )
         if segments > 1:
             merge_segments_kernel[(num_tokens, num_heads)](
@@ -144,5 +149,5 @@ class TritonAttentionBackend(AttentionBackend):
                 out.stride(0), out.stride(1),
                 NUM_SEGMENTS=segments, SEGMENTS_PAD=max(2, next_power_of_2(segments)),
                 HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-                EMULATE=upcast_loads(out.dtype),
+                EMULATE=upcast_loads(out.dtype, self.interpret),
             )

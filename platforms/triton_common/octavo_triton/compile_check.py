@@ -135,10 +135,11 @@ def fp8_builds(tuning: MatmulTuning, fp8_type: str, widen: bool) -> list[KernelB
     e4m3, ``fp8e4b8`` the e4m3fnuz of gfx942). Widened, the operands are bytes and the
     quantisation is left out: such chips have no FP8 type to store."""
     builds = []
+    operand = "u8" if widen else fp8_type
     for out, per_row, bias in (("bf16", True, True), ("fp16", False, False)):
         builds.append(KernelBuild(
             f"scaled_mm[{fp8_type}->{out}{',widened' if widen else ''}]", fp8.scaled_mm_kernel,
-            {"out_ptr": out, "a_ptr": "u8" if widen else fp8_type, "b_ptr": "u8" if widen else fp8_type, "scale_a_ptr": "fp32",
+            {"out_ptr": out, "a_ptr": operand, "b_ptr": operand, "scale_a_ptr": "fp32",
              "scale_b_ptr": "fp32", "bias_ptr": out},
             dict(PER_TOKEN_A=per_row, PER_CHANNEL_B=per_row, HAS_BIAS=bias, WIDEN=widen,
                  BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_K=tuning.block_k,

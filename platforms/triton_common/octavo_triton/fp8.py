@@ -79,7 +79,8 @@ def scaled_mm_kernel(
 
 def make_scaled_mm(tuning: MatmulTuning = MatmulTuning(), widen: bool = False):
     """Return ``fn(a, b, scale_a, scale_b, out_dtype, bias=None)`` (the hook's contract)."""
-    launch = {} if interpreting() else {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages}
+    interpret = interpreting()
+    launch = {} if interpret else {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages}
 
     def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                   out_dtype: torch.dtype, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -102,7 +103,7 @@ def make_scaled_mm(tuning: MatmulTuning = MatmulTuning(), widen: bool = False):
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
             PER_TOKEN_A=scale_a.numel() > 1, PER_CHANNEL_B=scale_b.numel() > 1,
             HAS_BIAS=bias is not None, WIDEN=widen, BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n,
-            BLOCK_K=tuning.block_k, GROUP_M=tuning.group_m, EMULATE=interpreting(), **launch,
+            BLOCK_K=tuning.block_k, GROUP_M=tuning.group_m, EMULATE=interpret, **launch,
         )
         return out
 
@@ -133,6 +134,7 @@ def make_per_token_quant(fp8_dtype: torch.dtype = torch.float8_e4m3fn, block_k: 
     quantisation of activations, ``x ~= q * scale`` row by row."""
     fp8_max = float(torch.finfo(fp8_dtype).max)
     min_scale = 1.0 / (fp8_max * 512.0)  # an all-zero row still gets a usable scale
+    interpret = interpreting()
 
     def per_token_quant(x: torch.Tensor):
         """Quantise each row of ``x`` to ``fp8_dtype`` with its own float32 scale."""
@@ -143,7 +145,7 @@ def make_per_token_quant(fp8_dtype: torch.dtype = torch.float8_e4m3fn, block_k: 
         if M:
             per_token_quant_kernel[(M,)](
                 q, scale, x2, K, x2.stride(0), q.stride(0), fp8_max, min_scale,
-                BLOCK_K=min(block_k, next_power_of_2(K)), EMULATE=interpreting(),
+                BLOCK_K=min(block_k, next_power_of_2(K)), EMULATE=interpret,
             )
         return q, scale
 

@@ -62,7 +62,8 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: RowTuning = RowTuning())
     block = next_power_of_2(hidden_size)
     if block > tuning.max_block:
         raise ValueError(f"hidden size {hidden_size} exceeds the RMSNorm kernel's {tuning.max_block}")
-    launch = {} if interpreting() else {"num_warps": warps_for(block, tuning.warp_size)}
+    interpret = interpreting()
+    launch = {} if interpret else {"num_warps": warps_for(block, tuning.warp_size)}
 
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """``rms_norm(x) * weight``; with ``residual``: ``(rms_norm(x + residual) * weight, x + residual)``."""
@@ -70,7 +71,7 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: RowTuning = RowTuning())
         x2 = row_view(x, hidden_size)
         out = torch.empty(x2.shape, dtype=torch.result_type(weight, x), device=x.device)
         rows = x2.shape[0]
-        upcast = upcast_loads(x.dtype) or upcast_loads(weight.dtype)
+        upcast = upcast_loads(x.dtype, interpret) or upcast_loads(weight.dtype, interpret)
         if residual is None:
             if rows:
                 rms_norm_kernel[(rows,)](
@@ -84,7 +85,7 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: RowTuning = RowTuning())
             rms_norm_kernel[(rows,)](
                 out, summed, x2, r2, weight, x2.stride(0), r2.stride(0), out.stride(0),
                 summed.stride(0), hidden_size, eps,
-                HAS_RESIDUAL=True, UPCAST=upcast or upcast_loads(residual.dtype), BLOCK_N=block, **launch,
+                HAS_RESIDUAL=True, UPCAST=upcast or upcast_loads(residual.dtype, interpret), BLOCK_N=block, **launch,
             )
         return out.view(shape), summed.view(shape)
 

@@ -39,13 +39,14 @@ def emulation_hint(platform_name: str) -> str:
     return f"to emulate it on the CPU set {INTERPRET_ENV}=1 {INTERPRET_DEVICE_ENV}={platform_name}"
 
 
-def upcast_loads(dtype: torch.dtype) -> bool:
+def upcast_loads(dtype: torch.dtype, interpret: bool | None = None) -> bool:
     """Whether kernels must convert loaded values to float32 before any arithmetic.
 
     The interpreter has no bfloat16 arithmetic (it cannot even build a bfloat16 constant), so
     bfloat16 inputs are upcast on load there; float32 needs no conversion and float16 works.
+    Kernel wrappers pass ``interpret`` as read once when they were built (no per-call lookup).
     """
-    return dtype == torch.bfloat16 and interpreting()
+    return dtype == torch.bfloat16 and (interpreting() if interpret is None else interpret)
 
 
 def next_power_of_2(n: int) -> int:

@@ -23,7 +23,8 @@ def exponential_noise(logits: torch.Tensor, metadata: SamplingMetadata) -> torch
 
 def make_sampler(vocab_size: int, tuning: SamplerTuning = SamplerTuning()):
     """Return ``fn(logits [R, V], metadata) -> token ids [R] int64`` (the hook's contract)."""
-    launch = {} if interpreting() else {"num_warps": tuning.num_warps}
+    interpret = interpreting()
+    launch = {} if interpret else {"num_warps": tuning.num_warps}
 
     def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Greedy where temperature is 0; else temperature, top-k, top-p, min-p and the
@@ -38,7 +39,7 @@ def make_sampler(vocab_size: int, tuning: SamplerTuning = SamplerTuning()):
         noise = logits if metadata.all_greedy else exponential_noise(logits, metadata)
         device = logits.device
         block_v = min(tuning.block_v, next_power_of_2(max(16, vocab)))
-        block_r = tuning.interpreter_block_r if interpreting() else tuning.block_r
+        block_r = tuning.interpreter_block_r if interpret else tuning.block_r
         block_r = min(block_r, next_power_of_2(num_rows))
         sample_kernel[(triton.cdiv(num_rows, block_r),)](
             out, logits, noise,
