@@ -7,9 +7,11 @@ A consumer that stops listening (a client gone) aborts its request, which frees 
 If a step raises, the thread records the error, fails every request in flight and exits;
 ``is_alive`` turns False (``/health`` answers 503).
 
-Why a thread rather than a process: the model's forward runs in torch kernels that release the
-GIL, the engine's Python work is a small part of a step, and a thread hands outputs over without
-serialising them; a separate process would add a pickling round trip per step.
+Why a thread rather than a process: a thread hands outputs to the event loop without
+serialising them, and the model's forward runs in torch kernels that release the GIL. The cost is
+that the event loop's Python work (SSE framing, JSON, h11) and the engine's own Python work take
+turns on the GIL. benchmarks/serve_overhead.py measures what that costs against the offline
+engine; a process split (as vLLM V1 does) is the next step if it shows the server HTTP-bound.
 """
 
 from __future__ import annotations
