@@ -77,7 +77,6 @@ class AsyncEngine:
         self._submit_lock = threading.Lock()  # orders submissions against the loop's death
         self._error: Optional[BaseException] = None
         self._stopped = False
-        self.num_unfinished_requests = 0  # event loop only
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -130,7 +129,6 @@ class AsyncEngine:
             if not self.is_alive:
                 raise EngineDeadError(self.dead_reason)
             self._commands.put(command)
-        self.num_unfinished_requests += 1
         finished = False
         try:
             while not finished:
@@ -141,7 +139,6 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
-            self.num_unfinished_requests -= 1
             if not finished:
                 self.abort(request_id)
 
