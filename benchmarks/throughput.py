@@ -4,15 +4,15 @@ batches, on the same random-weight model and the same workload, side by side in 
     python benchmarks/throughput.py --size small                 # the issue's standard workload
     python benchmarks/throughput.py --size tiny --num-requests 32 --output-len 32   # quick look
 
-Workload (PEERS.md): N token-id prompts with lengths uniform in [min, max] (seeded), a fixed
-number of output tokens each, greedy, EOS ignored.
+Workload (PEERS.md): N token-id prompts with lengths uniform in [min, max] (seeded, from
+``octavo.bench.datasets.random_requests``, as ``octavo bench throughput --dataset random``), a
+fixed number of output tokens each, greedy, EOS ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -21,14 +21,16 @@ import torch
 
 from models import MODEL_DTYPES, make_model
 
-
-def workload(num_requests: int, min_len: int, max_len: int, vocab_size: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab_size) for _ in range(rng.randint(min_len, max_len))] for _ in range(num_requests)]
+from octavo.bench.datasets import BenchRequest, random_requests
+from octavo.bench.throughput import run_throughput
 
 
-def run_octavo(model: Path, prompts, output_len: int, dtype: str, args) -> dict:
-    from octavo import LLM, SamplingParams
+def workload(num_requests: int, min_len: int, max_len: int, output_len: int, vocab_size: int, seed: int) -> list[BenchRequest]:
+    return random_requests(num_requests, (min_len, max_len), (output_len, output_len), vocab_size, seed)
+
+
+def run_octavo(model: Path, requests: list[BenchRequest], dtype: str, args) -> dict:
+    from octavo import LLM
 
     start = time.perf_counter()
     llm = LLM(
@@ -36,13 +38,9 @@ def run_octavo(model: Path, prompts, output_len: int, dtype: str, args) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
     )
     load_s = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    num_out = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"engine": "octavo", "seconds": elapsed, "output_tokens": num_out, "load_seconds": load_s,
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
+    result = run_throughput(llm, requests, keep_token_ids=True)
+    return {"engine": "octavo", "seconds": result["elapsed_s"], "output_tokens": result["output_tokens"],
+            "load_seconds": load_s, "tokens": result["token_ids"]}
 
 
 @torch.inference_mode()
@@ -88,10 +86,11 @@ def main() -> None:
     model = args.model or make_model(args.size, Path(tempfile.gettempdir()) / f"octavo-bench-{args.size}")
     config = json.loads((model / "config.json").read_text())
     dtype = MODEL_DTYPES.get(args.size, torch.float32)
-    prompts = workload(args.num_requests, *args.input_len, config["vocab_size"], args.seed)
+    requests = workload(args.num_requests, *args.input_len, args.output_len, config["vocab_size"], args.seed)
+    prompts = [list(r.prompt_token_ids) for r in requests]
     print(f"model {model} ({args.size}, {dtype}), {len(prompts)} requests, prompts {args.input_len[0]}-{args.input_len[1]}, "
           f"{args.output_len} output tokens, torch threads {torch.get_num_threads()}")
-    results = [run_octavo(model, prompts, args.output_len, str(dtype).removeprefix("torch."), args)]
+    results = [run_octavo(model, requests, str(dtype).removeprefix("torch."), args)]
     if not args.skip_transformers:
         hf_prompts = prompts[: args.hf_num_requests or len(prompts)]
         results.append(run_transformers(model, hf_prompts, args.output_len, dtype, args.hf_batch_size))

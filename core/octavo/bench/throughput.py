@@ -32,8 +32,9 @@ def make_llm(args: argparse.Namespace):
     return LLM(**{f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)})
 
 
-def run_throughput(llm, requests: Sequence[BenchRequest], use_tqdm: bool = False) -> dict[str, Any]:
-    """Generate every request greedily with EOS ignored; the throughput figures of that one run."""
+def run_throughput(llm, requests: Sequence[BenchRequest], use_tqdm: bool = False, keep_token_ids: bool = False) -> dict[str, Any]:
+    """Generate every request greedily with EOS ignored; the throughput figures of that one run
+    (plus each request's output ``token_ids`` when ``keep_token_ids``)."""
     from octavo import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
@@ -42,11 +43,14 @@ def run_throughput(llm, requests: Sequence[BenchRequest], use_tqdm: bool = False
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {
+    result = {
         "num_requests": len(requests), "elapsed_s": elapsed, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
         "request_throughput": len(requests) / elapsed, "output_throughput": output_tokens / elapsed,
         "total_token_throughput": (prompt_tokens + output_tokens) / elapsed,
     }
+    if keep_token_ids:
+        result["token_ids"] = [list(o.outputs[0].token_ids) for o in outputs]
+    return result
 
 
 def main(args: argparse.Namespace) -> int:
