@@ -12,6 +12,7 @@ import argparse
 import sys
 
 import torch
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from octavo.platform.types import AttentionSpec
@@ -44,6 +45,18 @@ def rms_norm_builds(hidden_size: int, dtype: torch.dtype) -> list[cc.KernelBuild
     ]
 
 
+def rms_norm_fp8_builds(hidden_size: int) -> list[cc.KernelBuild]:
+    """The fused add + RMSNorm + per-token quantisation to gfx942's e4m3fnuz, from bf16."""
+    block = next_power_of_2(hidden_size)
+    return [cc.KernelBuild(
+        f"rms_norm_fp8[bf16->fp8e4b8,h{hidden_size}]", rms_norm.fused_add_rms_norm_fp8_kernel,
+        {"q_ptr": "fp8e4b8", "scale_ptr": "fp32", "residual_out_ptr": "bf16", "x_ptr": "bf16",
+         "residual_ptr": "bf16", "weight_ptr": "bf16"},
+        dict(HAS_RESIDUAL=True, UPCAST=False, EMULATE_FP8=False, OUT_DTYPE=tl.bfloat16, BLOCK_N=block),
+        {"num_warps": max(1, min(16, block // (tuning.WARP_SIZE * 4)))},
+    )]
+
+
 def sampler_builds() -> list[cc.KernelBuild]:
     """The split-vocabulary kernels, and the shared filtering kernel with wave64 chunks."""
     split = cc.KernelBuild(
@@ -72,6 +85,7 @@ def builds() -> list[cc.KernelBuild]:
     for dtype in DTYPES:
         out += rms_norm_builds(4096, dtype)
     out += rms_norm_builds(16384, torch.bfloat16)  # wider than a block: the two-pass path
+    out += rms_norm_fp8_builds(4096)
     out += sampler_builds()
     out += cc.bitmask_builds(tuning.ROWS)
     out += cc.fp8_builds(tuning.MATMUL, "fp8e4b8", widen=False)  # gfx942's FP8 is e4m3fnuz

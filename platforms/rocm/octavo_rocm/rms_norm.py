@@ -1,4 +1,4 @@
-"""AITER-style fused residual add + RMSNorm for CDNA GPUs.
+"""AITER-style fused residual add + RMSNorm (optionally quantised to FP8) for CDNA GPUs.
 
 As AITER's Triton kernel does: a persistent grid (a fixed number of programs, about the number
 of compute units, each walking rows ``pid, pid + P, ...``) so a step's few hundred rows do not
@@ -116,3 +116,72 @@ def make_rms_norm(hidden_size: int, eps: float, max_block: int = 8192, num_progr
         return out.view(shape), summed.view(shape)
 
     return rms_norm
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def fused_add_rms_norm_fp8_kernel(
+    q_ptr, scale_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr,
+    num_rows, num_cols, num_programs, stride_x, stride_r, stride_q, stride_ro, eps,
+    fp8_max, min_scale, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, EMULATE_FP8: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Persistent, one block per row: the normalised row (rounded to ``OUT_DTYPE``, as the
+    unquantised kernel returns it) quantised to FP8 with its own per-token scale."""
+    for row in tl.range(tl.program_id(0), num_rows, num_programs):
+        row64 = tl.cast(row, tl.int64)
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < num_cols
+        h, square_sum = add_and_square_sum(x_ptr + row64 * stride_x, residual_ptr + row64 * stride_r,
+                                           residual_out_ptr + row64 * stride_ro, cols, mask,
+                                           HAS_RESIDUAL, UPCAST)
+        rstd = tl.rsqrt(square_sum / num_cols + eps)
+        normed = narrow(h * rstd, x_ptr.dtype.element_ty, UPCAST).to(tl.float32)
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = narrow(w * normed, OUT_DTYPE, UPCAST).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0) / fp8_max, min_scale)
+        tl.store(scale_ptr + row64, scale)
+        q = tl.clamp(y / scale, -fp8_max, fp8_max)
+        tl.store(q_ptr + row64 * stride_q + cols, narrow(q, q_ptr.dtype.element_ty, EMULATE_FP8), mask=mask)
+
+
+def make_rms_norm_fp8(hidden_size: int, eps: float, fp8_dtype: torch.dtype, max_block: int = 8192,
+                      num_programs: int = 304, warp_size: int = 64):
+    """Return ``fn(x, weight, residual=None) -> (q, scale)`` or ``(q, scale, x + residual)``: the
+    RMSNorm output quantised per token to ``fp8_dtype`` (``q * scale`` approximates it), in one
+    pass, AITER's fused add + RMSNorm + quant. Rows must fit one block (``max_block``)."""
+    block = next_power_of_2(hidden_size)
+    if block > max_block:
+        raise ValueError(f"fused RMSNorm+FP8 takes rows up to {max_block} wide, not {hidden_size}")
+    fp8_max = float(torch.finfo(fp8_dtype).max)
+    interpret = interpreting()
+    launch = {} if interpret else {"num_warps": max(1, min(16, block // (warp_size * 4)))}
+
+    def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        """``per_token_quant(rms_norm(x (+ residual)) * weight)`` (and ``x + residual``)."""
+        x2 = row_view(x, hidden_size)
+        rows = x2.shape[0]
+        q = torch.empty(x2.shape, dtype=fp8_dtype, device=x.device)
+        scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+        r2 = x2 if residual is None else row_view(residual, hidden_size)
+        summed = q
+        if residual is not None:
+            summed = torch.empty(x2.shape, dtype=torch.result_type(x, residual), device=x.device)
+        if rows:
+            programs = min(rows, num_programs)
+            fused_add_rms_norm_fp8_kernel[(programs,)](
+                q, scale, summed, x2, r2, weight, rows, hidden_size, programs,
+                x2.stride(0), r2.stride(0), q.stride(0), summed.stride(0), eps, fp8_max,
+                1.0 / (fp8_max * 512.0),
+                HAS_RESIDUAL=residual is not None,
+                UPCAST=any(upcast_loads(t.dtype, interpret) for t in (x, weight, r2)),
+                EMULATE_FP8=interpret, OUT_DTYPE=_TL_DTYPES[torch.result_type(weight, x)], BLOCK_N=block,
+                **launch,
+            )
+        if residual is None:
+            return q.view(x.shape), scale
+        return q.view(x.shape), scale, summed.view(x.shape)
+
+    return rms_norm_fp8

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from octavo_rocm.rms_norm import make_rms_norm
+from octavo_rocm.rms_norm import make_rms_norm, make_rms_norm_fp8
 from octavo_rocm.sampler import make_sampler
 from octavo_rocm.tuning import SAMPLER
 from octavo_triton import kernel_checks as checks
@@ -83,3 +83,24 @@ def test_fp8_scaled_mm_matches_reference(platform, device, out_dtype):
     """The Triton scaled-mm fallback (e4m3fn here: the interpreter has no e4m3fnuz, gfx942's
     FP8, which the compile check covers)."""
     checks.check_scaled_mm(platform.scaled_mm(), device, out_dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "fused-add"])
+def test_rms_norm_fused_with_fp8_quantisation(device, dtype, with_residual):
+    """AITER's add + RMSNorm + per-token FP8 quant in one pass equals RMSNorm then quantising:
+    the reference's output, scaled by its row maximum over 448 and rounded to e4m3."""
+    gen = torch.Generator().manual_seed(1)
+    x, residual = (torch.randn(7, 200, generator=gen).to(dtype) for _ in range(2))
+    weight = (torch.rand(200, generator=gen) + 0.5).to(dtype)
+    fn = make_rms_norm_fp8(200, 1e-6, torch.float8_e4m3fn, num_programs=3)
+    got = fn(x.to(device), weight.to(device), residual.to(device) if with_residual else None)
+    expected = reference.rms_norm(x, weight, 1e-6, residual if with_residual else None)
+    if with_residual:
+        assert torch.equal(got[2].cpu(), expected[1])
+        expected = expected[0]
+    scale = (expected.float().abs().amax(1, keepdim=True) / 448).clamp(min=1 / (448 * 512))
+    torch.testing.assert_close(got[1].cpu(), scale, rtol=1e-5, atol=0)
+    quantised = (expected.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert (got[0].cpu().float() == quantised).float().mean() > 0.99  # 16-bit ties may round apart
+    torch.testing.assert_close(got[0].cpu().float() * got[1].cpu(), expected.float(), rtol=0.07, atol=1e-2)
