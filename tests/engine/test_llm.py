@@ -137,3 +137,23 @@ def test_bad_prompts_raise_value_error_and_leave_the_engine_usable(llm, prompt, 
             llm.generate([prompt] if isinstance(prompt, str) else [{"prompt_token_ids": prompt}], params, use_tqdm=False)
     assert_pool_clean(llm)
     assert generate_ids(llm, [[1, 5, 6]], SamplingParams(temperature=0, max_tokens=3)) != []
+
+
+def test_chat_uses_the_tokenizer_chat_template():
+    from importlib.resources import files
+
+    from octavo import LLM
+
+    demo = str(files("octavo") / "data" / "demo-model")
+    llm = LLM(demo, kv_cache_memory="64MiB")
+    tokenizer = llm.get_tokenizer()
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    (reply,) = llm.chat(messages, params, use_tqdm=False)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert reply.prompt_token_ids == tokenizer.encode(text, add_special_tokens=False)
+    assert "You write Python." in tokenizer.decode(reply.prompt_token_ids)
+    (direct,) = llm.generate([{"prompt_token_ids": reply.prompt_token_ids}], params, use_tqdm=False)
+    assert reply.outputs[0].token_ids == direct.outputs[0].token_ids
+    with pytest.raises(ValueError, match="messages is empty"):
+        llm.chat([[]], params, use_tqdm=False)

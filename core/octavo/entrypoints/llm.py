@@ -65,12 +65,13 @@ class LLM:
             if not conversation:
                 raise ValueError("messages is empty; give at least one message")
             try:
-                ids = tokenizer.apply_chat_template(
-                    conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template, tokenize=True
+                text = tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template, tokenize=False
                 )
             except ValueError as exc:
                 raise ValueError(f"cannot render the chat template: {exc}") from exc
-            prompts.append({"prompt_token_ids": list(ids["input_ids"] if isinstance(ids, dict) else ids)})
+            # The template writes its own special tokens (BOS included), so add none here.
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def beam_search(

@@ -43,6 +43,17 @@ def octavo_platform_capabilities(platform):
         )
 
 
+DEFAULT_KV_CACHE_MEMORY = 4 << 30
+"""The host is shared with everything else: like vLLM's CPU backend, the KV cache defaults to a
+fixed size (at most a fifth of RAM) instead of ``--gpu-memory-utilization`` of all memory."""
+
+
+@hookimpl
+def octavo_configure(platform, config):
+    if _mine(platform) and getattr(config, "kv_cache_memory", None) is None:
+        return {"kv_cache_memory": min(DEFAULT_KV_CACHE_MEMORY, psutil.virtual_memory().total // 5)}
+
+
 @hookimpl
 def octavo_device_init(platform, local_rank):
     if _mine(platform):
