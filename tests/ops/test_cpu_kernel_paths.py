@@ -1,5 +1,5 @@
 """Internal paths of the cpu kernels that the conformance suite's small shapes never reach:
-decode groups split by the workspace size, the top-p bisection, and the top-k tie fallback.
+decode groups split by the workspace size, the top-p radix select, and the top-k tie fallback.
 Each is compared with octavo.ops.reference (or its sort-based definition)."""
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ def test_ragged_decodes_split_into_many_groups(monkeypatch):
             torch.testing.assert_close(result.actual, result.expected, atol=2e-5, rtol=1e-5)
 
 
-def test_top_p_bisection_matches_the_sorted_definition():
+def test_top_p_radix_select_matches_the_sorted_definition():
     gen = torch.Generator().manual_seed(0)
     probs = (torch.randn(16, 3000, generator=gen) * 0.5).softmax(-1)
     top_p = torch.rand(16, generator=gen) * 0.9 + 0.05
     expected = sampler.prefix_threshold(probs.sort(-1, descending=True).values, top_p)
-    assert (probs.topk(128).values.sum(-1) < top_p).any(), "some rows must need bisection"
+    assert (probs.topk(128).values.sum(-1) < top_p).any(), "some rows must need the radix select"
     assert torch.equal(sampler.top_p_threshold(probs, top_p), expected)
 
 

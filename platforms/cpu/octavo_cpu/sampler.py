@@ -10,8 +10,9 @@ the batch; the tokens differ from the reference's for the same seed.
 When every row has a top-k, everything happens on the ``topk`` candidates (sorted, a few
 dozen per row) instead of the vocabulary. Otherwise the filters work on full rows: top-k
 masks below the k-th value, top-p finds its cut-off among the 128 most likely tokens when
-they hold enough mass (almost always with a trained model) and by bisection otherwise, never
-sorting the vocabulary; min-p masks below ``min_p * max_prob``. Ties at a cut-off are kept.
+they hold enough mass (almost always with a trained model) and by a radix select on the
+probabilities' bits otherwise, never sorting the vocabulary; min-p masks below
+``min_p * max_prob``. Ties at a cut-off are kept.
 """
 
 from __future__ import annotations
@@ -50,22 +51,30 @@ def prefix_threshold(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.T
     return sorted_probs.gather(1, num_kept - 1)
 
 
-def bisect_threshold(
-    probs: torch.Tensor, top_p: torch.Tensor, upper: torch.Tensor
-) -> torch.Tensor:
-    """The largest probability ``t <= upper`` with ``sum(probs[probs >= t]) >= p``, by
-    bisection over float32 bit patterns (ordered like the values for non-negative floats)."""
-    low = torch.zeros(probs.shape[0], 1, dtype=torch.int32)
-    high = upper.reshape(-1, 1).contiguous().view(torch.int32).clone()
-    top_p = top_p.unsqueeze(1)
-    kept, zero = torch.empty_like(probs), probs.new_zeros(())
-    for _ in range(int(high.max()).bit_length()):
-        mid = low + (high - low + 1) // 2
-        torch.where(probs >= mid.view(torch.float32), probs, zero, out=kept)
-        enough = kept.sum(dim=-1, keepdim=True) >= top_p
-        low = torch.where(enough, mid, low)
-        high = torch.where(enough, high, mid - 1)
-    return low.view(torch.float32)
+def radix_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The largest probability ``t`` with ``sum(probs[probs >= t]) >= p``, by a three-level
+    radix select on the float32 bit patterns (ordered like the values for non-negative
+    floats): each level histograms the mass of the surviving bucket by the next 10-11 bits
+    and keeps the bin where the mass from the top reaches ``p``. Seven passes over the rows
+    instead of a sort."""
+    bits = probs.view(torch.int32)
+    num_rows = probs.shape[0]
+    prefix = torch.zeros(num_rows, 1, dtype=torch.int32)
+    above = torch.zeros(num_rows, 1, dtype=torch.float64)  # mass of buckets above this one
+    top_p = top_p.double().unsqueeze(1)
+    key = torch.empty(probs.shape, dtype=torch.int64)
+    for shift, width in ((20, 11), (10, 10), (0, 10)):
+        num_bins = 1 << width
+        # Bin 0 gathers what lies below the current bucket, bin num_bins + 1 what lies above.
+        relative = torch.bitwise_right_shift(bits - prefix, shift).clamp_(-1, num_bins)
+        torch.add(relative, 1, out=key)
+        hist = torch.zeros(num_rows, num_bins + 2).scatter_add_(1, key, probs)
+        hist = hist[:, 1 : num_bins + 1].double()
+        from_top = hist.flip(1).cumsum(1).flip(1) + above
+        b = ((from_top >= top_p).sum(1, keepdim=True) - 1).clamp_(min=0)
+        above = from_top.gather(1, b) - hist.gather(1, b)
+        prefix = prefix + torch.bitwise_left_shift(b.int(), shift)
+    return prefix.view(torch.float32)
 
 
 def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -74,9 +83,8 @@ def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     threshold = prefix_threshold(candidates, top_p)
     short = (candidates.sum(dim=-1) < top_p) & (top_p < 1.0)
     if bool(short.any()):
-        # More than the candidates are needed: the cut-off lies at or below the last one.
         rows = short.nonzero().flatten()
-        threshold[rows] = bisect_threshold(probs[rows], top_p[rows], candidates[rows, -1])
+        threshold[rows] = radix_threshold(probs[rows], top_p[rows])
     return threshold.masked_fill_((top_p >= 1.0).unsqueeze(1), 0.0)
 
 
@@ -155,9 +163,12 @@ def _select_rows(metadata: SamplingMetadata, rows: list[int]) -> SamplingMetadat
     index = torch.tensor(rows, dtype=torch.long)
     temperature, top_k = metadata.temperature[index], metadata.top_k[index]
     top_p, min_p = metadata.top_p[index], metadata.min_p[index]
+    generators = {
+        i: metadata.generators[row] for i, row in enumerate(rows) if row in metadata.generators
+    }
     return SamplingMetadata(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        generators={i: metadata.generators[row] for i, row in enumerate(rows) if row in metadata.generators},
+        generators=generators,
         all_greedy=bool((temperature == 0).all()), all_random=bool((temperature > 0).all()),
         no_top_k=metadata.no_top_k or bool((top_k <= 0).all()),
         no_top_p=metadata.no_top_p or bool((top_p >= 1.0).all()),
@@ -166,6 +177,7 @@ def _select_rows(metadata: SamplingMetadata, rows: list[int]) -> SamplingMetadat
 
 
 def _sample_rows(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Sample rows together: the top-k candidate path when every row has a top-k."""
     if metadata.all_greedy:
         return logits.argmax(dim=-1)
     temperature = metadata.temperature.float()

@@ -144,29 +144,39 @@ def test_top_k_beyond_vocab_means_all_tokens(octavo_platform, octavo_device):
     assert len(set(tokens.tolist())) > 8
 
 
-def seeded_draws(sampler, device, logits, seeds_by_row, num_steps, global_seed):
-    """Tokens per step for a batch whose rows listed in ``seeds_by_row`` have generators."""
+def seeded_draws(sampler, device, rows, seeds_by_row, num_steps, global_seed):
+    """Tokens per step for a batch of ``(logits row, RowSpec)`` whose rows listed in
+    ``seeds_by_row`` have generators."""
     generators = {
         row: torch.Generator(device=device).manual_seed(seed) for row, seed in seeds_by_row.items()
     }
-    params = [row_params(row, RowSpec(1.0)) for row in logits]
+    params = [row_params(logits, spec) for logits, spec in rows]
     metadata = make_metadata(params, device, generators)
     torch.manual_seed(global_seed)
-    logits = logits.to(device)
+    logits = torch.stack([logits for logits, _ in rows]).to(device)
     steps = [sampler(logits.clone(), metadata).cpu() for _ in range(num_steps)]
     return torch.stack(steps, dim=1)
 
 
 def test_seeded_rows_do_not_depend_on_the_batch(octavo_platform, octavo_device):
-    """A seeded row draws the same tokens whatever its neighbours, position or global RNG."""
+    """A seeded row draws the same tokens whatever its neighbours, position or global RNG,
+    also when the neighbours change which filters the batch as a whole needs."""
     sampler = octavo_platform.sampler(VOCAB)
     a, b, c, d = spaced_logits(4, VOCAB, seed=4)
-    first = seeded_draws(sampler, octavo_device, torch.stack([a, c, b]), {0: 7, 2: 9}, 6, 0)
-    second = seeded_draws(sampler, octavo_device, torch.stack([d, b, d, a]), {3: 7, 1: 9}, 6, 1)
-    assert first[0].tolist() == second[3].tolist(), "seed 7 drew differently in another batch"
-    assert first[2].tolist() == second[1].tolist(), "seed 9 drew differently in another batch"
-    other = seeded_draws(sampler, octavo_device, torch.stack([a]), {0: 8}, 6, 0)
-    assert other[0].tolist() != first[0].tolist(), "seeds 7 and 8 drew the same six tokens"
+    plain, filtered = RowSpec(1.0), RowSpec(1.0, keep_top_k=40, keep_top_p=25)
+    top_k, greedy = RowSpec(0.8, keep_top_k=10), RowSpec(0.0)
+    for spec in (plain, filtered):
+        # In the first batch every row has a top-k when ``spec`` has; in the second, none.
+        neighbour = top_k if spec is filtered else plain
+        first_rows = [(a, spec), (c, neighbour), (b, spec)]
+        second_rows = [(d, plain), (b, spec), (d, greedy), (a, spec)]
+        first = seeded_draws(sampler, octavo_device, first_rows, {0: 7, 2: 9}, 6, 0)
+        second = seeded_draws(sampler, octavo_device, second_rows, {3: 7, 1: 9}, 6, 1)
+        assert first[0].tolist() == second[3].tolist(), f"seed 7 ({spec}) drew differently"
+        assert first[2].tolist() == second[1].tolist(), f"seed 9 ({spec}) drew differently"
+    other = seeded_draws(sampler, octavo_device, [(a, plain)], {0: 8}, 6, 0)
+    alone = seeded_draws(sampler, octavo_device, [(a, plain)], {0: 7}, 6, 0)
+    assert other[0].tolist() != alone[0].tolist(), "seeds 7 and 8 drew the same six tokens"
 
 
 DISTRIBUTION_SPECS = {
