@@ -26,7 +26,7 @@ from octavo.bench.report import plot_serve, print_table, summarize, write_json
 DEFAULT_CONCURRENCY = "1,10,50,100"
 
 
-def _httpx():
+def import_httpx():
     """httpx, imported only when a benchmark runs (it is ``httpx2`` in some environments)."""
     try:
         import httpx2 as httpx
@@ -80,7 +80,7 @@ def _parse_sweep(text: str) -> list[int]:
 
 async def send_request(client, model: str, request: BenchRequest) -> RequestResult:
     """Stream one completion on an httpx AsyncClient; record the arrival of every chunk carrying a token."""
-    httpx = _httpx()
+    httpx = import_httpx()
     body = {"model": model, "prompt": list(request.prompt_token_ids), "max_tokens": request.output_len,
             "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     result = RequestResult(prompt_len=len(request.prompt_token_ids))
@@ -201,7 +201,7 @@ async def _model_name(client) -> str:
 
 async def run_sweep(args: argparse.Namespace, requests: Sequence[BenchRequest]) -> list[dict[str, Any]]:
     """Every concurrency of the sweep, one after another, on one HTTP client."""
-    httpx = _httpx()
+    httpx = import_httpx()
     levels = _parse_sweep(args.max_concurrency)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)

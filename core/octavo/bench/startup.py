@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -14,19 +16,14 @@ import numpy as np
 
 from octavo.bench.report import print_table, write_json
 
-try:
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover - the upstream name
-    import httpx
-
 
 def add_startup_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags after ``--``."""
+    """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags as one ``--serve-args`` string."""
     parser.add_argument("model", nargs="?", default=None, help="model folder for octavo serve (default: the demo model)")
     parser.add_argument("--num-iters", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0, help="give up on a start after this many seconds")
     parser.add_argument("--output-json", type=Path, default=None)
-    parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="after --: extra flags for octavo serve")
+    parser.add_argument("--serve-args", default="", help="extra octavo serve flags, e.g. '--kv-cache-memory 1GiB'")
     return parser
 
 
@@ -40,20 +37,26 @@ def free_port() -> int:
 def start_server(model: Optional[str], serve_args: Sequence[str] = (), timeout: float = 300.0) -> tuple[subprocess.Popen, str, float]:
     """Start ``octavo serve`` on a free port; return (process, base URL, seconds until /health/ready was 200).
 
-    The caller owns the process and must terminate it. Raises RuntimeError when it exits or times out.
+    The caller owns the process and must terminate it. Raises ValueError when it exits or times out.
     """
+    from octavo.bench.serve import import_httpx
+
+    httpx = import_httpx()
     port = free_port()
     command = [sys.executable, "-m", "octavo.cli", "serve", *([model] if model else []), "--port", str(port),
                "--disable-log-requests", "--uvicorn-log-level", "warning", *serve_args]
     base_url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server must never block on a full pipe
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"octavo serve exited with {process.returncode}: {process.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise ValueError(f"octavo serve exited with {process.returncode} before it was ready (check MODEL and "
+                             f"--serve-args): {log.read().decode(errors='replace')[-2000:]}")
         if time.perf_counter() - start > timeout:
             stop_server(process)
-            raise RuntimeError(f"octavo serve was not ready after {timeout} s")
+            raise ValueError(f"octavo serve was not ready after {timeout} s; raise --timeout")
         try:
             if httpx.get(f"{base_url}/health/ready", timeout=timeout).status_code == 200:
                 return process, base_url, time.perf_counter() - start
@@ -76,14 +79,18 @@ def main(args: argparse.Namespace) -> int:
     """Start and stop the server ``--num-iters`` times; print the start-up seconds."""
     if args.num_iters < 1:
         raise ValueError(f"--num-iters must be >= 1; got {args.num_iters}")
-    serve_args = [a for a in args.serve_args if a != "--"]
-    times = []
+    serve_args = shlex.split(args.serve_args)
+    import psutil
+
+    times, rss = [], []
     for _ in range(args.num_iters):
         process, _, seconds = start_server(args.model, serve_args, args.timeout)
+        rss.append(psutil.Process(process.pid).memory_info().rss / 2**20)
         stop_server(process)
         times.append(seconds)
     result = {"benchmark": "startup", "model": args.model or "demo", "num_iters": args.num_iters, "startup_s": times,
-              "startup_mean_s": float(np.mean(times)), "startup_min_s": float(np.min(times))}
-    print_table([result], ["model", "num_iters", "startup_mean_s", "startup_min_s"])
+              "startup_mean_s": float(np.mean(times)), "startup_min_s": float(np.min(times)),
+              "ready_rss_mib": float(np.max(rss))}
+    print_table([result], ["model", "num_iters", "startup_mean_s", "startup_min_s", "ready_rss_mib"])
     write_json(args.output_json, result)
     return 0
