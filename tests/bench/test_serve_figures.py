@@ -36,3 +36,20 @@ def test_concurrency_sweep_flag():
     for bad in ("", "0,4", "a,b"):
         with pytest.raises(ValueError, match="--max-concurrency"):
             _parse_sweep(bad)
+
+
+def test_serve_workload_needs_a_vocabulary_and_reads_sharegpt(tmp_path, bench_model):
+    from octavo.bench.serve import _workload
+
+    parser = build_parser()
+    with pytest.raises(ValueError, match="--vocab-size"):
+        _workload(parser.parse_args(["bench", "serve", "--num-prompts", "2"]))
+    requests = _workload(parser.parse_args(["bench", "serve", "--tokenizer", str(bench_model), "--num-prompts", "3"]))
+    assert len(requests) == 3 and all(max(r.prompt_token_ids) < 512 for r in requests)
+    path = tmp_path / "sg.json"
+    path.write_text('[{"conversations": [{"from": "human", "value": "tell me a long story please"}, '
+                    '{"from": "gpt", "value": "once upon a time there was"}]}]')
+    args = parser.parse_args(["bench", "serve", "--tokenizer", str(bench_model), "--dataset", "sharegpt",
+                              "--dataset-path", str(path), "--num-prompts", "5"])
+    (request,) = _workload(args)
+    assert request.output_len >= 4 and len(request.prompt_token_ids) >= 4
