@@ -106,6 +106,9 @@ class EngineCore:
         vocab_size = self.model_config.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab_size}) for this model")
+        for token_id in list(params.logit_bias or ()) + list(params.stop_token_ids):
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"token id {token_id} in logit_bias or stop_token_ids is outside the vocabulary [0, {vocab_size})")
         return Request(request_id, prompt_token_ids, params, block_hasher=self.kv_cache_manager.block_hasher, **kwargs)
 
     def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:

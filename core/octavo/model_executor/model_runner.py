@@ -19,6 +19,7 @@ from octavo.errors import ConfigError
 from octavo.kv_cache.transfers import TransferKind, apply_block_transfers
 from octavo.model_executor.input_batch import CachedRequestState, InputBatch
 from octavo.model_executor.loader import load_model
+from octavo.model_executor.logits_processors import SamplingPenalties
 from octavo.model_executor.logprobs import compute_logprobs
 from octavo.model_executor.memory import PeakMemory
 from octavo.model_executor.model_config import ModelConfig
@@ -102,8 +103,8 @@ class ModelRunner:
         self.model = load_model(model_config, platform, block_size=self.block_size, device=self.device, tp=tp)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
-        self.logits_processors: list[LogitsProcessor] = []
         self.requests: dict[str, CachedRequestState] = {}
+        self.logits_processors: list[LogitsProcessor] = [SamplingPenalties(self.requests, model_config.eos_token_ids)]
         max_blocks = -(-model_config.max_model_len // self.block_size)
         self.input_batch = InputBatch(
             runner_config.max_num_seqs, model_config.max_model_len, max_blocks, model_config.vocab_size, self.device
@@ -115,6 +116,7 @@ class ModelRunner:
         self.query_start_loc = _StepBuffer(max_reqs + 1, torch.int32, self.device)
         self.seq_lens = _StepBuffer(max_reqs, torch.int32, self.device)
         self.logits_indices = _StepBuffer(max_reqs, torch.int64, self.device)
+        self.block_table = _StepBuffer(max_reqs * max_blocks, torch.int32, self.device)
         self.arange = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
         self.kv_caches: list[torch.Tensor] = []
         self.host_kv_caches: list[torch.Tensor] = []
@@ -235,11 +237,13 @@ class ModelRunner:
         sample_rows = np.flatnonzero(seq_lens == batch.num_tokens[:num_reqs])
         self.logits_indices.np[: len(sample_rows)] = cu_num_tokens[sample_rows] - 1
         batch.num_computed_tokens[:num_reqs] = seq_lens
-        block_table = batch.block_table_cpu[:num_reqs]
+        # a compact table, only as wide as this step's longest request needs
+        num_cols = -(-int(seq_lens.max()) // bs)
+        self.block_table.np[: num_reqs * num_cols].reshape(num_reqs, num_cols)[:] = batch.block_table[:num_reqs, :num_cols]
         metadata = AttentionMetadata(
             query_start_loc=self.query_start_loc.to_device(num_reqs + 1),
             seq_lens=self.seq_lens.to_device(num_reqs),
-            block_table=block_table.to(self.device, non_blocking=True),
+            block_table=self.block_table.to_device(num_reqs * num_cols).view(num_reqs, num_cols),
             slot_mapping=self.slot_mapping.to_device(total),
             max_query_len=int(num_scheduled.max()),
             max_seq_len=int(seq_lens.max()),

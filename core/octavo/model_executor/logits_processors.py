@@ -1,0 +1,61 @@
+"""Per-request logits adjustments before sampling: repetition, frequency and presence penalties,
+logit bias and min_tokens, with vLLM's (and OpenAI's) meanings.
+
+Only rows whose request asks for one of them are touched; each is handled with tensor ops over
+the vocabulary (one Python iteration per such request, none per token).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from octavo.model_executor.input_batch import CachedRequestState, InputBatch
+from octavo.sampling_params import SamplingParams
+
+
+def needs_processing(params: SamplingParams) -> bool:
+    return bool(
+        params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+        or params.logit_bias or params.min_tokens
+    )
+
+
+class SamplingPenalties:
+    """The runner's logits processor for penalties, logit bias and min_tokens."""
+
+    def __init__(self, requests: dict[str, CachedRequestState], eos_token_ids: Sequence[int]):
+        self.requests = requests
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    def __call__(self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray) -> torch.Tensor:
+        req_ids = batch.req_ids
+        for i, row in enumerate(rows.tolist()):
+            state = self.requests[req_ids[row]]
+            if needs_processing(state.sampling_params):
+                self._apply(logits[i], state.sampling_params, batch, row)
+        return logits
+
+    def _apply(self, row_logits: torch.Tensor, params: SamplingParams, batch: InputBatch, row: int) -> None:
+        num_prompt, num_tokens = int(batch.num_prompt_tokens[row]), int(batch.num_tokens[row])
+        tokens = torch.from_numpy(batch.token_ids[row, :num_tokens]).long().to(row_logits.device)
+        output = tokens[num_prompt:]
+        vocab = row_logits.shape[-1]
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=row_logits.device)
+            seen[tokens] = True
+            penalty = params.repetition_penalty
+            values = row_logits[seen]
+            row_logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
+        if params.frequency_penalty or params.presence_penalty:
+            counts = torch.bincount(output, minlength=vocab).to(row_logits.dtype)
+            row_logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row_logits.dtype)
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row_logits.device)
+            row_logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=row_logits.dtype, device=row_logits.device)
+        if params.min_tokens and len(output) < params.min_tokens:
+            banned = list(params.stop_token_ids) + ([] if params.ignore_eos else list(self.eos_token_ids))
+            if banned:
+                row_logits[torch.tensor(banned, dtype=torch.long, device=row_logits.device)] = float("-inf")
