@@ -21,8 +21,10 @@ import torch.nn.functional as F
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata
 
-WORKSPACE_BYTES = 16 << 20
-"""Decode rows are gathered in groups whose K+V stay under this size (cache-friendly, bounded)."""
+WORKSPACE_BYTES = 64 << 20
+"""Decode rows are gathered in groups whose K+V stay under this size (bounded memory). Fewer,
+larger groups measured faster with two threads on a busy host (each group is a few parallel
+regions); 64 MiB holds 64 requests x 512 tokens of the ~100M model's fp32 K+V in one group."""
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -142,9 +144,10 @@ class CpuAttentionBackend(AttentionBackend):
         query_len = query.shape[0]
         window = spec.sliding_window
         fresh = seq_len == query_len and kv_cache.dtype == key.dtype
-        q = query.transpose(0, 1).unsqueeze(0)
+        # Head-major copies: SDPA runs ~10% faster on contiguous heads than on strided views.
+        q = query.transpose(0, 1).unsqueeze(0).contiguous()
         if fresh and (window is None or window >= seq_len):
-            k, v = (t.transpose(0, 1).unsqueeze(0) for t in (key, value))
+            k, v = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (key, value))
             mask = None
         else:
             first = 0 if window is None else max(0, seq_len - query_len - window + 1)
