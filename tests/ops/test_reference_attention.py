@@ -71,9 +71,15 @@ def paged_case(requests, num_heads, num_kv_heads, head_dim, block_size, dtype, n
     return seqs, cache, metadata, (q, k, v)
 
 
-@pytest.mark.parametrize("block_size", (1, 4, 16))
-@pytest.mark.parametrize("heads", ((4, 4), (4, 2), (6, 1)), ids=lambda h: f"h{h[0]}kv{h[1]}")
-@pytest.mark.parametrize("sliding_window", (None, 3, 8))
+# Every block size with every head mapping, and the sliding windows with every head mapping.
+CASES = [(b, h, None) for b in (1, 4, 16) for h in ((4, 4), (4, 2), (6, 1))] + [
+    (4, h, w) for w in (3, 8) for h in ((4, 4), (4, 2), (6, 1))
+]
+
+
+@pytest.mark.parametrize(
+    "block_size, heads, sliding_window", CASES, ids=lambda v: str(v).replace(" ", "")
+)
 def test_mixed_batch_matches_dense_causal_sdpa(block_size, heads, sliding_window):
     num_heads, num_kv_heads = heads
     head_dim, scale = 16, 0.3
