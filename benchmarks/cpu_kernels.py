@@ -1,11 +1,13 @@
 """Time the cpu platform's kernels against octavo.ops.reference and a dense SDPA baseline.
 
     .venv/bin/python benchmarks/cpu_kernels.py [--dtype float32 bfloat16] [--repeats 7]
+        [--threads N] [--only attention rms_norm sampler bitmask]
 
 Shapes are those of a ~100M Llama (12 query heads, 4 KV heads, head_dim 64, hidden 768, vocab
 32000): decode of 64 requests with 512 tokens of context each, prefill of 8 fresh 512-token
-prompts, and a mixed step (one 256-token chunk after 256 tokens of context beside 63 decodes).
-The dense baseline is one SDPA call on contiguous K/V, which no paged kernel reads. Variants
+prompts, a mixed step (one 256-token chunk after 256 tokens of context beside 63 decodes),
+and a ragged decode (contexts uniform in 64..640).
+The dense baselines are single SDPA calls on contiguous K/V, which no paged kernel reads. Variants
 are timed round-robin (so a busy machine slows all alike) and the best and median of
 ``--repeats`` rounds are printed, in milliseconds.
 """
@@ -35,8 +37,10 @@ def time_round_robin(variants: dict[str, Callable[[], object]], repeats: int) ->
     for fn in variants.values():
         fn()
     times: dict[str, list] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
+    order = list(variants.items())
+    for round_index in range(repeats):
+        # Alternate the order so no variant always runs just after a cache-evicting one.
+        for name, fn in order if round_index % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
@@ -83,8 +87,10 @@ def paged_step(requests, block_size, dtype, generator):
     return cache.to(dtype), metadata, q, k, v
 
 
-def dense_baseline(requests, dtype, generator):
-    """One SDPA call over contiguous K/V of the same shapes (every request equally long)."""
+def dense_baselines(requests, dtype, generator):
+    """One SDPA call over contiguous K/V of the same shapes (every request equally long):
+    with ``enable_gqa``, and for decodes also with the query heads of a KV head folded into
+    the query length (the faster form, which the paged kernel uses too)."""
     (computed, new), num_reqs = requests[0], len(requests)
     assert all(r == requests[0] for r in requests), "the dense baseline needs equal requests"
     length = computed + new
@@ -92,7 +98,17 @@ def dense_baseline(requests, dtype, generator):
     k = torch.randn(num_reqs, NUM_KV_HEADS, length, HEAD_DIM, generator=generator).to(dtype)
     v = torch.randn(num_reqs, NUM_KV_HEADS, length, HEAD_DIM, generator=generator).to(dtype)
     causal = new > 1 and computed == 0
-    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    baselines = {
+        "dense SDPA gqa": lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=True
+        )
+    }
+    if new == 1:
+        folded = q.view(num_reqs, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_DIM)
+        baselines["dense SDPA folded heads"] = lambda: F.scaled_dot_product_attention(
+            folded, k, v
+        )
+    return baselines
 
 
 def bench_attention(name, requests, dtype, block_size, repeats, with_dense=True):
@@ -106,7 +122,7 @@ def bench_attention(name, requests, dtype, block_size, repeats, with_dense=True)
         "reference paged": lambda: reference.paged_attention(q, k, v, cache, metadata, spec.scale),
     }
     if with_dense:
-        variants["dense SDPA (contiguous)"] = dense_baseline(requests, dtype, generator)
+        variants.update(dense_baselines(requests, dtype, generator))
     report(f"attention {name}, {dtype}, block {block_size}", time_round_robin(variants, repeats))
 
 
@@ -172,16 +188,25 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", nargs="+", default=["attention", "rms_norm", "sampler", "bitmask"])
+    parser.add_argument(
+        "--only", nargs="+", default=["attention", "rms_norm", "sampler", "bitmask"]
+    )
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    ragged = torch.randint(64, 641, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    attention_cases = (
+        ("decode 64 x ctx 512", [(511, 1)] * 64, True),
+        ("decode 64 x ctx 64..640 (ragged)", [(n - 1, 1) for n in ragged], False),
+        ("prefill 8 x 512", [(0, 512)] * 8, True),
+        ("mixed 256+256 chunk + 63 decodes", [(256, 256)] + [(511, 1)] * 63, False),
+    )
     for dtype in (getattr(torch, name) for name in args.dtype):
         if "attention" in args.only:
-            bench_attention("decode 64 x ctx 512", [(511, 1)] * 64, dtype, args.block_size, args.repeats)
-            bench_attention("prefill 8 x 512", [(0, 512)] * 8, dtype, args.block_size, args.repeats)
-            mixed = [(256, 256)] + [(511, 1)] * 63
-            bench_attention("mixed 256+256 chunk + 63 decodes", mixed, dtype, args.block_size,
-                            args.repeats, with_dense=False)
+            for name, requests, with_dense in attention_cases:
+                bench_attention(name, requests, dtype, args.block_size, args.repeats, with_dense)
         if "rms_norm" in args.only:
             bench_rms_norm(dtype, 64, args.repeats)
             bench_rms_norm(dtype, 4096, args.repeats)

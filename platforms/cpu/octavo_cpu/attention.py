@@ -144,10 +144,11 @@ class CpuAttentionBackend(AttentionBackend):
         query_len = query.shape[0]
         window = spec.sliding_window
         fresh = seq_len == query_len and kv_cache.dtype == key.dtype
-        # Head-major copies: SDPA runs ~10% faster on contiguous heads than on strided views.
-        q = query.transpose(0, 1).unsqueeze(0).contiguous()
+        # Strided views, not head-major copies: SDPA is barely slower on them, while a
+        # transposing copy measured 5x slower with two threads than with one.
+        q = query.transpose(0, 1).unsqueeze(0)
         if fresh and (window is None or window >= seq_len):
-            k, v = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (key, value))
+            k, v = (t.transpose(0, 1).unsqueeze(0) for t in (key, value))
             mask = None
         else:
             first = 0 if window is None else max(0, seq_len - query_len - window + 1)
