@@ -98,9 +98,12 @@ def test_bad_requests_do_not_disturb_a_stream_in_flight(server, offline):
         first = next(line for line in lines if line)
         text += json.loads(first.removeprefix("data: "))["choices"][0]["text"]
         with httpx.Client(base_url=server.base_url) as other:
+            in_flight = []
             for endpoint, bad, status, param, code in BAD_REQUESTS:
                 assert_error(post(other, endpoint, bad), status, param, code)
-            assert server.engine.has_unfinished_requests(), "the stream should still be running"
+                in_flight.append(server.engine.has_unfinished_requests())
+            # The stream must overlap the bad requests; a fast machine may finish it before the last.
+            assert in_flight[0], "the stream should still be running when the first bad request is answered"
         for line in lines:
             if not line or line == "data: [DONE]":
                 continue
