@@ -49,7 +49,7 @@ def test_flat_batch_layout(llama, make_runner):
     assert md.block_table[0, 0] == 7 and md.block_table[1, :2].tolist() == [5, 9] and md.block_table[2, 0] == 2
     assert (md.max_query_len, md.max_seq_len) == (5, 10)
     assert step.sample_rows.tolist() == [0, 1]  # "c" is mid-prompt: no token
-    assert step.logits_indices.tolist() == [4, 6]
+    assert step.logits_indices.tolist() == [4, 6]  # "c" samples nothing
 
 
 def test_requests_joining_and_leaving_match_transformers(llama, make_runner, oracle):

@@ -62,7 +62,7 @@ class StepInputs:
     attn_metadata: AttentionMetadata
     num_scheduled: np.ndarray  # [R]
     sample_rows: np.ndarray  # [S] batch rows that sample this step
-    logits_indices: torch.Tensor  # [S] token index of each sampling row's last token
+    logits_indices: Optional[torch.Tensor]  # [S] token of each sampling row; None: every token samples
 
 
 class _StepBuffer:
@@ -235,7 +235,11 @@ class ModelRunner:
         self.seq_lens.np[:num_reqs] = seq_lens
 
         sample_rows = np.flatnonzero(seq_lens == batch.num_tokens[:num_reqs])
-        self.logits_indices.np[: len(sample_rows)] = cu_num_tokens[sample_rows] - 1
+        num_samples = len(sample_rows)
+        logits_indices = None  # all decodes: every token is a sampling row's last one
+        if num_samples != total:
+            self.logits_indices.np[:num_samples] = cu_num_tokens[sample_rows] - 1
+            logits_indices = self.logits_indices.to_device(num_samples)
         batch.num_computed_tokens[:num_reqs] = seq_lens
         # a compact table, only as wide as this step's longest request needs
         num_cols = -(-int(seq_lens.max()) // bs)
@@ -251,7 +255,7 @@ class ModelRunner:
         )
         return StepInputs(
             self.input_ids.to_device(total), self.positions.to_device(total), metadata,
-            num_scheduled, sample_rows, self.logits_indices.to_device(len(sample_rows)),
+            num_scheduled, sample_rows, logits_indices,
         )
 
     def _sample(self, hidden_states: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
@@ -261,7 +265,9 @@ class ModelRunner:
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs = [None] * num_reqs
         if len(rows):
-            logits = self.model.compute_logits(hidden_states.index_select(0, step.logits_indices)).float()
+            if step.logits_indices is not None:
+                hidden_states = hidden_states.index_select(0, step.logits_indices)
+            logits = self.model.compute_logits(hidden_states).float()
             num_logprobs = batch.num_logprobs[rows]
             raw_logits = logits.clone() if self.logits_processors and (num_logprobs >= 0).any() else logits
             for process in self.logits_processors:
