@@ -11,8 +11,9 @@ from octavo.ops import reference
 
 def hf_norm(hidden_size, eps, dtype, seed=0):
     norm = LlamaRMSNorm(hidden_size, eps=eps)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        norm.weight.copy_(1.0 + 0.3 * torch.randn(hidden_size, generator=torch.Generator().manual_seed(seed)))
+        norm.weight.copy_(1.0 + 0.3 * torch.randn(hidden_size, generator=generator))
     return norm.to(dtype)
 
 
