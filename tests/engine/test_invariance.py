@@ -7,7 +7,7 @@ import pytest
 
 from octavo import SamplingParams
 
-from conftest import generate_ids, make_llm, shared_prefix_prompts
+from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 NUM_REQUESTS = 64

@@ -9,7 +9,7 @@ from octavo import SamplingParams
 from octavo.entrypoints.beam_search import BeamSearchParams
 from octavo.sampling_params import RequestOutputKind
 
-from conftest import assert_pool_clean, generate_ids, make_llm, shared_prefix_prompts
+from engine_helpers import assert_pool_clean, generate_ids, make_llm, shared_prefix_prompts
 
 
 @pytest.fixture(scope="module")

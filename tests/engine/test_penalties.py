@@ -7,7 +7,7 @@ import torch
 
 from octavo import SamplingParams
 
-from conftest import generate_ids, make_llm, shared_prefix_prompts
+from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
 
 
 @pytest.fixture(scope="module")

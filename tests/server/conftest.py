@@ -34,8 +34,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-MODEL_NAME = "tiny-llama"
-ENGINE_DEFAULTS = dict(kv_cache_memory="8MiB", max_num_seqs=64, max_num_batched_tokens=512)
+from server_constants import ENGINE_DEFAULTS, MODEL_NAME  # noqa: E402  (a unique module name: every test folder has a conftest)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -15,7 +15,7 @@ from octavo.engine.async_engine import AsyncEngine, EngineDeadError
 from octavo.engine.llm_engine import LLMEngine
 from octavo.sampling_params import RequestOutputKind
 
-from conftest import ENGINE_DEFAULTS  # noqa: E402  (tests/server/conftest.py)
+from server_constants import ENGINE_DEFAULTS  # noqa: E402  (tests/server/conftest.py)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from octavo import SamplingParams
 from octavo.entrypoints.openai.serving_common import ServerConfig
 
-from conftest import MODEL_NAME  # noqa: E402  (tests/server/conftest.py)
+from server_constants import MODEL_NAME  # noqa: E402  (tests/server/conftest.py)
 
 
 def test_api_key_required_on_api_routes(server_factory):
