@@ -38,7 +38,7 @@ Device = Union[str, torch.device]
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; gate and up share one (shardable) weight."""
 
     def __init__(self, config, *, device: Device, tp: TPGroup):
         super().__init__()
@@ -50,7 +50,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inner, size, config.mlp_bias, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj.forward_parts(x)
         return self.down_proj(F.silu(gate) * up)
 
 
