@@ -59,6 +59,7 @@ class EngineCore:
             block_size=self.args.block_size,
             max_num_seqs=self.args.max_num_seqs,
             max_num_batched_tokens=self.args.max_num_batched_tokens,
+            quantization=self.args.quantization,
         )
         self.runner = ModelRunner(self.model_config, self.platform, runner_config)
         self.sizing = self._plan_kv_cache()

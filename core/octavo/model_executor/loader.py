@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import torch
 from torch import nn
 
 from octavo.errors import ConfigError
 from octavo.model_executor.model_config import ModelConfig, read_json, resolve_model_folder
+from octavo.models.layers.fp8 import check_quantization, quantize_model
 from octavo.models.layers.linear import TPGroup
 from octavo.platform.facade import Platform
 
@@ -65,12 +66,15 @@ def load_model(
     block_size: int,
     device: Union[str, torch.device],
     tp: TPGroup = TPGroup(),
+    quantization: Optional[str] = None,
 ) -> nn.Module:
-    """Construct the model on ``device`` in ``config.dtype`` and load every checkpoint tensor.
+    """Construct the model on ``device`` in ``config.dtype`` and load every checkpoint tensor,
+    then quantise its linear layers when ``quantization`` (``"fp8"``) is given.
 
     A tensor the model needs but the checkpoint lacks, or one of the wrong shape, is a
     ConfigError naming it.
     """
+    check_quantization(quantization)
     cls = model_class(config, platform)
     model = cls(config, platform, block_size=block_size, device=device, tp=tp)
     consumed = model.load_weights(iterate_checkpoint(config.model_path))
@@ -81,7 +85,7 @@ def load_model(
             f"the checkpoint in {str(config.model_path)!r} is missing {len(missing)} tensor(s) that "
             f"{config.architecture} needs: {shown}"
         )
-    return model.eval()
+    return quantize_model(model, platform, quantization).eval()
 
 
 def load_tokenizer(model: Union[str, Path]):

@@ -42,6 +42,7 @@ class RunnerConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    quantization: Optional[str] = None  # "fp8": linear weights quantised at load (EngineArgs.quantization)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +101,10 @@ class ModelRunner:
         self.model_config, self.config = model_config, runner_config
         self.block_size = runner_config.block_size
         self.device = torch.device(device) if device is not None else platform.device_init()
-        self.model = load_model(model_config, platform, block_size=self.block_size, device=self.device, tp=tp)
+        self.model = load_model(
+            model_config, platform, block_size=self.block_size, device=self.device, tp=tp,
+            quantization=runner_config.quantization,
+        )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}

@@ -1,5 +1,6 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
-``attention``, ``rms_norm``, ``sampler`` and ``token_bitmask`` (this module only wires them)."""
+``attention``, ``rms_norm``, ``sampler`` and ``token_bitmask``, and FP8 ``scaled_mm`` (the
+reference's). This module only wires them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import psutil
 import torch
 
 from octavo import hookimpl
+from octavo.ops import reference
 from octavo.platform.types import Capabilities, MemoryInfo, PlatformInfo
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.rms_norm import make_rms_norm
@@ -37,7 +39,7 @@ def octavo_platform_capabilities(platform):
         return Capabilities(
             dtypes=(torch.float32, torch.bfloat16),
             block_sizes=(1, 8, 16, 32, 64, 128),
-            supports_fp8=False,
+            supports_fp8=True,  # scaled_mm: the reference, FP8 emulated in float32
             supports_graphs=False,
             dist_backend="gloo",
         )
@@ -89,3 +91,9 @@ def octavo_sampler(platform, vocab_size):
 def octavo_apply_token_bitmask(platform):
     if _mine(platform):
         return TokenBitmaskKernel()
+
+
+@hookimpl
+def octavo_scaled_mm(platform):
+    if _mine(platform):
+        return reference.scaled_mm  # FP8 values exactly widened to float32; one float32 matmul

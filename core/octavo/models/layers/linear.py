@@ -3,12 +3,16 @@
 Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that takes the
 full checkpoint tensor, checks its shape, and copies in this rank's slice. With ``TPGroup()``
 (size 1) every slice is the whole tensor; a TP implementation only has to pass a real group.
+
+A layer multiplies with ``F.linear`` unless a quantisation method was attached after loading
+(``layer.quant_method``, see :mod:`octavo.models.layers.fp8`): then every product goes through
+``quant_method.apply(layer, x, start, size, bias)`` over the weight rows ``start:start+size``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Union
+from typing import Optional, Protocol, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -58,8 +62,20 @@ def _parameter(shape, dtype, device, loader) -> nn.Parameter:
     return param
 
 
+class QuantMethod(Protocol):
+    """A quantised matmul a linear layer delegates to once its weight was quantised."""
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, start: int, size: int, bias: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """``x @ W[start:start+size]^T (+ bias)`` in ``x``'s dtype, from the layer's own tensors."""
+        ...
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T + b`` with ``W``'s output rows split across ranks; the output stays split."""
+
+    quant_method: Optional[QuantMethod] = None
 
     def __init__(
         self,
@@ -93,6 +109,8 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, self.shard_offsets[index], rows).copy_(mine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, 0, self.weight.shape[0], self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -108,7 +126,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         outs = []
         for offset, size in zip(self.shard_offsets, self.shard_sizes):
             bias = None if self.bias is None else self.bias[offset : offset + size]
-            outs.append(F.linear(x, self.weight[offset : offset + size], bias))
+            if self.quant_method is not None:
+                outs.append(self.quant_method.apply(self, x, offset, size, bias))
+            else:
+                outs.append(F.linear(x, self.weight[offset : offset + size], bias))
         return outs
 
 
@@ -145,6 +166,8 @@ class RowParallelLinear(nn.Module):
     """``y = x W^T + b`` with ``W``'s input columns split across ranks; partial outputs are
     all-reduced, and the bias is added once, after the reduction."""
 
+    quant_method: Optional[QuantMethod] = None
+
     def __init__(
         self,
         input_size: int,
@@ -168,8 +191,13 @@ class RowParallelLinear(nn.Module):
         check_shape(loaded, (self.output_size, self.input_size))
         param.data.copy_(loaded.narrow(1, self.tp.rank * self.input_shard, self.input_shard))
 
+    def _linear(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, 0, self.output_size, bias)
+        return F.linear(x, self.weight, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = self.tp.communicator.all_reduce(F.linear(x, self.weight))
+            return self._linear(x, self.bias)
+        out = self.tp.communicator.all_reduce(self._linear(x, None))
         return out if self.bias is None else out + self.bias
