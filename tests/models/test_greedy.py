@@ -58,13 +58,17 @@ def test_bfloat16_first_16_greedy_tokens_match_transformers(arch, tiny_models, m
     two top tokens: there rounding decides, and transformers' own sdpa and eager attention
     disagree too. A divergence where either model has a clear winner fails."""
     path = tiny_models[arch]
-    runner = make_runner(path, dtype="bfloat16")
+    assert_bfloat16_greedy_matches(make_runner(path, dtype="bfloat16"), path, oracle)
+
+
+def assert_bfloat16_greedy_matches(runner, path, oracle, max_tokens: int = 16) -> None:
+    """``runner``'s greedy tokens for PROMPTS equal transformers' in bfloat16, ties excepted."""
     steps = []
     runner.logits_processors.append(lambda logits, batch, rows: steps.append(logits.clone()) or logits)
-    outputs = run_greedy(runner, PROMPTS, 16)
+    outputs = run_greedy(runner, PROMPTS, max_tokens)
     for i, (prompt, ours) in enumerate(zip(PROMPTS, outputs)):
-        expected, hf_logits = oracle.greedy_with_logits(path, prompt, 16, torch.bfloat16)
-        n = next((k for k in range(16) if ours[k] != expected[k]), None)
+        expected, hf_logits = oracle.greedy_with_logits(path, prompt, max_tokens, torch.bfloat16)
+        n = next((k for k in range(max_tokens) if ours[k] != expected[k]), None)
         if n is None:
             continue
         assert bf16_tie(hf_logits[n], ours[n], expected[n]) and bf16_tie(steps[n][i], ours[n], expected[n]), (

@@ -26,6 +26,7 @@ from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from octavo.models.layers.attention import Attention
 from octavo.models.layers.linear import TPGroup
+from octavo.models.layers.widen import widen_matmuls
 from octavo.platform.facade import Platform
 from octavo.platform.types import AttentionMetadata
 from octavo.sampling_params import SamplingParams
@@ -105,6 +106,7 @@ class ModelRunner:
             model_config, platform, block_size=self.block_size, device=self.device, tp=tp,
             quantization=runner_config.quantization,
         )
+        widen_matmuls(self.model, platform.capabilities.widened_matmul_dtypes)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}

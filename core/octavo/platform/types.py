@@ -32,6 +32,10 @@ class Capabilities:
     supports_fp8: bool = False
     supports_graphs: bool = False
     dist_backend: str = "gloo"
+    widened_matmul_dtypes: tuple[torch.dtype, ...] = ()
+    """Model dtypes whose linear layers run in float32 over weights widened once at load, with
+    outputs rounded back (same numbers, see ``octavo.models.layers.widen``): for hosts whose
+    native matmul in that dtype is slow, e.g. bfloat16 on CPUs without AVX512-BF16 or AMX."""
 
 
 @dataclasses.dataclass(frozen=True)

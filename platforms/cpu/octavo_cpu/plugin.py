@@ -42,7 +42,19 @@ def octavo_platform_capabilities(platform):
             supports_fp8=True,  # scaled_mm: the reference, FP8 emulated in float32
             supports_graphs=False,
             dist_backend="gloo",
+            widened_matmul_dtypes=slow_matmul_dtypes(),
         )
+
+
+def slow_matmul_dtypes() -> tuple[torch.dtype, ...]:
+    """Low-precision dtypes this CPU has no native matmul for (oneDNN says so): torch emulates
+    them several times slower than float32 (bfloat16 without AVX512-BF16/AMX, float16 without
+    AVX512-FP16/AMX-FP16), so their linear layers are better computed in float32."""
+    native = {
+        torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+    }
+    return tuple(dtype for dtype, supported in native.items() if not supported)
 
 
 DEFAULT_KV_CACHE_MEMORY = 4 << 30

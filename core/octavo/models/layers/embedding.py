@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -61,14 +61,24 @@ class ParallelLMHead(VocabParallelEmbedding):
     ``tie_to(embedding)`` shares the embedding's weight (tied word embeddings).
     """
 
+    widened_weight: Optional[torch.Tensor] = None
+
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Use ``embedding``'s weight as this head's weight."""
         assert embedding.weight.shape == self.weight.shape
         self.weight = embedding.weight
 
+    def widen(self) -> None:
+        """Multiply in float32 from now on, over a float32 copy of the weight (the embedding
+        may share the weight, so it keeps its dtype); see :mod:`octavo.models.layers.widen`."""
+        self.widened_weight = self.weight.detach().float()
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[S, hidden]`` -> logits ``[S, vocab]`` in the weight's dtype."""
-        logits = F.linear(hidden_states, self.weight)
+        if self.widened_weight is None:
+            logits = F.linear(hidden_states, self.weight)
+        else:
+            logits = F.linear(hidden_states.float(), self.widened_weight).to(self.weight.dtype)
         if self.tp.size > 1:
             logits = self.tp.communicator.all_gather(logits, dim=-1)
         return logits[..., : self.num_embeddings]
