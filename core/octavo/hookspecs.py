@@ -131,7 +131,12 @@ def octavo_sampler(platform: "PlatformInfo", vocab_size: int) -> Optional["Sampl
 
 @hookspec(firstresult=True)
 def octavo_rejection_sampler(platform: "PlatformInfo") -> Optional["RejectionSamplerFn"]:
-    """Return the speculative-decoding verifier (lossless rejection sampling of draft tokens).
+    """Return the speculative-decoding verifier (lossless rejection sampling of draft tokens):
+    ``fn(draft_token_ids, num_draft_tokens, draft_probs, target_probs, temperature, uniforms,
+    noise) -> [R, max_k + 1]`` int64, each request's accepted drafts, then the recovered or bonus
+    token, then -1. :class:`~octavo.platform.types.RejectionSamplerFn` states the layout and the
+    rule; ``octavo.ops.reference.rejection_sample`` is the oracle. Randomness comes in as tensors,
+    so the result is deterministic.
 
     Stops at the first non-None result. Called once at start-up when speculation is on.
     """

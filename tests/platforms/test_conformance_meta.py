@@ -11,6 +11,21 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+# A verifier that ignores its uniforms: every draft the target gives any probability is kept.
+ACCEPT_EVERY_DRAFT = """
+import torch
+from octavo import hookimpl
+from octavo_cpu.rejection_sampler import rejection_sample
+
+def accept_every_draft(ids, counts, draft_probs, target_probs, temperature, uniforms, noise):
+    return rejection_sample(ids, counts, draft_probs, target_probs, temperature, torch.zeros_like(uniforms), noise)
+
+@hookimpl(tryfirst=True)
+def octavo_rejection_sampler(platform):
+    if platform.name == "cpu":
+        return accept_every_draft
+"""
+
 # kind -> (suite module that must catch it, the plugin's source, the suite test that does)
 PERTURBATIONS = {
     "attention": (
@@ -77,6 +92,11 @@ def octavo_apply_token_bitmask(platform):
 """,
         "test_bitmask_with_indices",
     ),
+    "rejection_sampler": (
+        "test_rejection_sampler",
+        ACCEPT_EVERY_DRAFT,
+        "test_random_verification_matches_the_reference",
+    ),
 }
 
 
@@ -114,6 +134,18 @@ def test_suite_fails_for_a_perturbed_kernel(pytester: pytest.Pytester, kind: str
     )
     assert result.parseoutcomes().get("failed", 0) == 1, result.stdout.str()
     result.stdout.fnmatch_lines([f"FAILED *::{must_fail}*"])
+
+
+def test_distribution_check_catches_a_lossy_verifier(pytester: pytest.Pytester):
+    """The statistical check alone (no comparison with the reference) sees a verifier that
+    keeps drafts it should reject: its output follows the draft's distribution."""
+    pytester.makepyfile(perturbed_rejection=ACCEPT_EVERY_DRAFT)
+    pytester.syspathinsert()
+    result = run_suite(
+        pytester, "octavo.testing.conformance.test_rejection_sampler", "-k", "follow_the_target_distribution",
+        "--octavo-plugin", "perturbed_rejection",
+    )
+    assert result.parseoutcomes().get("failed", 0) == 2, result.stdout.str()
 
 
 @pytest.mark.slow

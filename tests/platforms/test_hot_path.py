@@ -52,6 +52,36 @@ def test_calling_resolved_kernels_calls_no_hook():
     assert hook_calls == []
 
 
+def test_fp8_layers_and_the_rejection_sampler_call_no_hook():
+    """Quantising resolves ``scaled_mm`` once; products afterwards, and a resolved verifier's
+    calls, go through no hook."""
+    from octavo.models.layers.fp8 import quantize_model
+    from octavo.models.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+    platform = Platform.select(device="cpu")
+    kw = dict(dtype=torch.float32, device="cpu")
+    gate_up, down = MergedColumnParallelLinear(16, (32, 32), False, **kw), RowParallelLinear(32, 16, True, **kw)
+    for layer in (gate_up, down):
+        torch.nn.init.normal_(layer.weight)
+    quantize_model(torch.nn.ModuleList([gate_up, down]), platform, "fp8")
+    verify = platform.rejection_sampler()
+
+    hook_calls: list[str] = []
+    undo = platform.pm.add_hookcall_monitoring(
+        before=lambda name, impls, kwargs: hook_calls.append(name), after=lambda *args: None
+    )
+    try:
+        for _ in range(2):
+            gate, up = gate_up.forward_parts(torch.randn(3, 16))
+            y = down(gate * up)
+            out = verify(torch.tensor([1, 2]), [2], None, torch.softmax(torch.randn(3, 8), -1),
+                         torch.ones(1), torch.rand(2), torch.ones(1, 8))
+        assert y.shape == (3, 16) and out.shape == (1, 3)
+    finally:
+        undo()
+    assert hook_calls == []
+
+
 def test_the_monitor_does_see_hook_calls():
     """Test of the test: a resolution that is not cached yet is a hook call and is seen."""
     platform = Platform.select(device="cpu")

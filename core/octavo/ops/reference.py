@@ -208,3 +208,82 @@ def scaled_mm(
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
+
+
+# --- speculative decoding ----------------------------------------------------------------------
+
+
+def draw_rejection_randoms(
+    num_draft_tokens, vocab_size: int, generators: Optional[dict] = None, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draws ``rejection_sample`` takes: ``uniforms [N]`` in [0, 1) and ``noise [R, V]`` of
+    Exp(1). Request ``r`` with a generator in ``generators`` draws its ``k_r`` uniforms and
+    then its noise row from that generator alone, so a seeded request verifies the same way
+    whatever else is in the batch; the others draw from the global generator."""
+    counts = [int(k) for k in num_draft_tokens]
+    uniforms = torch.rand(sum(counts), device=device)
+    noise = torch.empty(len(counts), vocab_size, device=device).exponential_()
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    for r, generator in (generators or {}).items():
+        uniforms[starts[r] : starts[r] + counts[r]] = torch.rand(counts[r], generator=generator, device=device)
+        noise[r].exponential_(generator=generator)
+    return uniforms, noise
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens,
+    draft_probs: Optional[torch.Tensor],
+    target_probs: torch.Tensor,
+    temperature: torch.Tensor,
+    uniforms: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """Speculative-decoding verification (``octavo.platform.types.RejectionSamplerFn`` states
+    the contract): ``[R, max_k + 1]`` int64, each row its accepted drafts, then the recovered or
+    bonus token, then -1.
+
+    Written without a loop over requests: drafts are laid out in a padded ``[R, max_k]`` grid,
+    the accepted count is the length of each row's leading run of accepted drafts, and the
+    last token of every row is drawn from the one target row it depends on.
+    """
+    device = target_probs.device
+    counts = torch.as_tensor([int(k) for k in num_draft_tokens], dtype=torch.int64, device=device)
+    num_reqs, max_k = counts.shape[0], int(counts.max()) if counts.numel() else 0
+    starts = counts.cumsum(0) - counts  # first draft of each request in the flat layout
+    draft_ids = draft_token_ids.long()
+    req = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)  # [N]
+    pos = torch.arange(draft_ids.shape[0], device=device) - starts[req]  # [N] index in its request
+    greedy = temperature.float() == 0
+
+    # Accept or reject every draft on its own.
+    p_rows = target_probs[starts[req] + req + pos].float()  # [N, V]: the draft positions' rows
+    p_x = p_rows.gather(1, draft_ids[:, None])[:, 0]
+    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.float().gather(1, draft_ids[:, None])[:, 0]
+    accept = torch.where(greedy[req], draft_ids == p_rows.argmax(1), uniforms.float() * q_x < p_x)
+
+    # The leading run of accepted drafts (padding past k_r counts as accepted, then is cut off).
+    grid = torch.ones(num_reqs, max_k, dtype=torch.bool, device=device)
+    grid[req, pos] = accept
+    num_accepted = torch.minimum(grid.long().cumprod(1).sum(1), counts)
+
+    # The last token: recovered at the first rejection, else the bonus; both read target row
+    # cu_r + r + accepted. The residual subtracts the rejected draft's probabilities.
+    final_p = target_probs[starts + torch.arange(num_reqs, device=device) + num_accepted].float()  # [R, V]
+    rejected = num_accepted < counts
+    draft_at = (starts + num_accepted).clamp(max=max(draft_ids.shape[0] - 1, 0))
+    if draft_ids.shape[0] == 0:
+        final_q = torch.zeros_like(final_p)
+    elif draft_probs is None:
+        final_q = torch.nn.functional.one_hot(draft_ids[draft_at], final_p.shape[1]).float()
+    else:
+        final_q = draft_probs[draft_at].float()
+    residual = torch.where(rejected[:, None], (final_p - final_q).clamp(min=0), final_p)
+    residual = torch.where(residual.amax(1, keepdim=True) > 0, residual, final_p)
+    last = torch.where(greedy, final_p.argmax(1), (residual / noise.float()).argmax(1))
+
+    out = torch.full((num_reqs, max_k + 1), -1, dtype=torch.int64, device=device)
+    kept = pos < num_accepted[req]
+    out[req[kept], pos[kept]] = draft_ids[kept]
+    out[torch.arange(num_reqs, device=device), num_accepted] = last
+    return out

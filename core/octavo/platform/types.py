@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -172,8 +172,44 @@ ScaledMMFn = Callable[..., torch.Tensor]
 """``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``: ``(a @ b) * scale_a * scale_b (+ bias)``
 with FP8 inputs; scales are per-tensor ``[1]``, per-token ``[M, 1]`` or per-channel ``[1, N]``."""
 
-RejectionSamplerFn = Callable[..., torch.Tensor]
-"""Speculative-decoding verifier; its signature is fixed by the speculative-decoding issue."""
+class RejectionSamplerFn(Protocol):
+    """The speculative-decoding verifier: lossless rejection sampling of draft tokens.
+
+    The batch holds ``R`` requests; request ``r`` proposes ``k_r = num_draft_tokens[r]`` draft
+    tokens (``N = sum(k_r)``, flat in request order; ``k_r`` may be 0). The target model scored
+    ``k_r + 1`` positions per request: its draft positions, then the bonus position after the
+    last draft, so ``target_probs`` has ``N + R`` rows with request ``r``'s starting at row
+    ``cu_r + r`` (``cu_r = k_0 + ... + k_{r-1}``). Probabilities are float32 and already
+    reflect the request's temperature and top-k/top-p (the draft's likewise).
+
+    Request ``r`` with ``temperature[r] == 0`` verifies greedily: a draft is accepted while it is
+    the target's argmax (lowest index on ties); the first mismatch is replaced by the argmax, or
+    when all are accepted the bonus position's argmax follows. Other requests accept draft
+    ``x`` at position ``i`` when ``uniforms[i] * q_i(x) < p_i(x)`` (``q`` the draft's
+    probabilities, a point mass on ``x`` when ``draft_probs`` is None, as for n-gram drafts);
+    at the first rejection the token is recovered from ``max(p_i - q_i, 0)`` renormalised (``p_i``
+    when that is all zero), and when all are accepted a bonus token is drawn from the bonus
+    position's ``p``. Either draw is the exponential race ``argmax(weights / noise[r])``, so the
+    emitted tokens follow the target distribution exactly, whatever the draft proposed.
+
+    Randomness comes in as tensors (``uniforms [N]``, ``noise [R, V]`` of Exp(1) draws; see
+    ``octavo.ops.reference.draw_rejection_randoms`` for per-request seeded generators), so a
+    kernel is deterministic and its result equals the reference's for the same draws.
+
+    Returns ``[R, max(k_r) + 1]`` int64: row ``r`` holds its accepted drafts, then the
+    recovered or bonus token, then -1 padding (``1 + accepted`` tokens per row).
+    """
+
+    def __call__(
+        self,
+        draft_token_ids: torch.Tensor,  # [N] int64
+        num_draft_tokens: Sequence[int],  # [R], on the host: sizes the output without a sync
+        draft_probs: Optional[torch.Tensor],  # [N, V] float32, or None (a point mass on each draft)
+        target_probs: torch.Tensor,  # [N + R, V] float32
+        temperature: torch.Tensor,  # [R] float32; 0 = greedy verification
+        uniforms: torch.Tensor,  # [N] float32 in [0, 1)
+        noise: torch.Tensor,  # [R, V] float32, Exp(1)
+    ) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
-``attention``, ``rms_norm``, ``sampler`` and ``token_bitmask``, and FP8 ``scaled_mm`` (the
-reference's). This module only wires them."""
+``attention``, ``rms_norm``, ``sampler``, ``token_bitmask`` and ``rejection_sampler``, and FP8
+``scaled_mm`` (the reference's). This module only wires them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from octavo import hookimpl
 from octavo.ops import reference
 from octavo.platform.types import Capabilities, MemoryInfo, PlatformInfo
 from octavo_cpu.attention import CpuAttentionBackend
+from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.sampler import sample
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
@@ -109,3 +110,9 @@ def octavo_apply_token_bitmask(platform):
 def octavo_scaled_mm(platform):
     if _mine(platform):
         return reference.scaled_mm  # FP8 values exactly widened to float32; one float32 matmul
+
+
+@hookimpl
+def octavo_rejection_sampler(platform):
+    if _mine(platform):
+        return rejection_sample

@@ -38,6 +38,7 @@ def builds(arch: int = 90) -> list[cc.KernelBuild]:
     for dtype in DTYPES:
         out += cc.rms_norm_builds(4096, dtype, tuning.ROWS)
     out += cc.sampler_builds(tuning.SAMPLER)
+    out += cc.rejection_sampler_builds(tuning.SAMPLER)
     out += cc.bitmask_builds(tuning.ROWS)
     out += cc.fp8_builds(tuning.MATMUL, "fp8e4nv", widen=arch < tuning.FP8_MMA_ARCH)
     return out

@@ -20,6 +20,7 @@ from octavo_triton import runtime
 from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton.bitmask import make_apply_token_bitmask
 from octavo_triton.fp8 import make_scaled_mm
+from octavo_triton.rejection_sampler import make_rejection_sampler
 from octavo_triton.rms_norm import make_rms_norm
 from octavo_triton.sampler import make_sampler
 
@@ -129,3 +130,9 @@ def octavo_scaled_mm(platform):
             major, minor = torch.cuda.get_device_capability()
             widen = major * 10 + minor < tuning.FP8_MMA_ARCH
         return make_scaled_mm(tuning.MATMUL, widen=widen)
+
+
+@hookimpl
+def octavo_rejection_sampler(platform):
+    if _mine(platform):
+        return make_rejection_sampler(tuning.SAMPLER)

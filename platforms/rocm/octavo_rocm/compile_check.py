@@ -87,6 +87,7 @@ def builds() -> list[cc.KernelBuild]:
     out += rms_norm_builds(16384, torch.bfloat16)  # wider than a block: the two-pass path
     out += rms_norm_fp8_builds(4096)
     out += sampler_builds()
+    out += cc.rejection_sampler_builds(tuning.SAMPLER)
     out += cc.bitmask_builds(tuning.ROWS)
     out += cc.fp8_builds(tuning.MATMUL, "fp8e4b8", widen=False)  # gfx942's FP8 is e4m3fnuz
     return out

@@ -21,6 +21,7 @@ from octavo_triton import runtime
 from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton.bitmask import make_apply_token_bitmask
 from octavo_triton.fp8 import make_scaled_mm
+from octavo_triton.rejection_sampler import make_rejection_sampler
 
 NAME = "rocm"
 PRIORITY = 20
@@ -127,3 +128,9 @@ def octavo_apply_token_bitmask(platform):
 def octavo_scaled_mm(platform):
     if _mine(platform):
         return make_scaled_mm(tuning.MATMUL)
+
+
+@hookimpl
+def octavo_rejection_sampler(platform):
+    if _mine(platform):
+        return make_rejection_sampler(tuning.SAMPLER)

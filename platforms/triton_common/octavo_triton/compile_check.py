@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from octavo.platform.types import AttentionSpec
-from octavo_triton import attention_kernels, bitmask, fp8, rms_norm, sampler_kernels
+from octavo_triton import attention_kernels, bitmask, fp8, rejection_sampler, rms_norm, sampler_kernels
 from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton.runtime import interpreting, next_power_of_2
 from octavo_triton.tuning import AttentionTuning, MatmulTuning, RowTuning, SamplerTuning
@@ -126,6 +126,22 @@ def bitmask_builds(tuning: RowTuning) -> list[KernelBuild]:
             {"num_warps": max(1, tuning.bitmask_block // (tuning.warp_size * 8))},
         )
         for indexed in (False, True)
+    ]
+
+
+def rejection_sampler_builds(tuning: SamplerTuning) -> list[KernelBuild]:
+    """The speculative-decoding verifier, with draft probabilities and with point-mass drafts."""
+    pointers = {"out_ptr": "i64", "draft_ptr": "i64", "draft_probs_ptr": "fp32", "target_probs_ptr": "fp32",
+                "target_argmax_ptr": "i64", "cu_ptr": "i32", "temperature_ptr": "fp32",
+                "uniforms_ptr": "fp32", "noise_ptr": "fp32"}
+    return [
+        KernelBuild(
+            f"rejection_sample[{'draft probs' if has_probs else 'point-mass drafts'}]",
+            rejection_sampler.rejection_sample_kernel, pointers,
+            dict(HAS_DRAFT_PROBS=has_probs, BLOCK_R=tuning.block_r, BLOCK_V=tuning.block_v),
+            {"num_warps": tuning.num_warps},
+        )
+        for has_probs in (True, False)
     ]
 
 

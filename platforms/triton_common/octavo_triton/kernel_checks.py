@@ -266,3 +266,20 @@ def check_per_token_quant(device, fp8_dtype=torch.float8_e4m3fn):
     assert torch.equal(scale.cpu(), expected_scale)
     expected = (x / expected_scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
     assert torch.equal(q.cpu().float(), expected.float())
+
+
+def check_rejection_sampler(rejection_sample, device):
+    """Speculative-decoding verification equals the reference's from the same draws, with
+    requests spread over several programs and the vocabulary over several chunks (when the
+    sampler was built with small tiles), with and without draft probabilities."""
+    from octavo.testing.conformance.rejection_cases import random_case
+
+    counts = [2, 0, 4, 1, 3, 3, 0, 5, 1, 2, 4]
+    for seed, with_draft_probs in ((0, False), (1, True)):
+        ids, counts, draft, target, temperature, uniforms, noise = case = random_case(
+            counts, 37, seed, with_draft_probs, greedy_rows=(0, 4, 7)
+        )
+        expected = reference.rejection_sample(*case)
+        got = rejection_sample(ids.to(device), counts, None if draft is None else draft.to(device),
+                               target.to(device), temperature.to(device), uniforms.to(device), noise.to(device))
+        assert torch.equal(got.cpu(), expected), f"seed {seed}: {got.tolist()} != {expected.tolist()}"

@@ -93,3 +93,15 @@ def test_fp8_scaled_mm_widened_for_chips_without_fp8(device):
 
 def test_fp8_per_token_quantisation(device):
     checks.check_per_token_quant(device)
+
+
+def test_rejection_sampler_matches_reference(platform, device):
+    checks.check_rejection_sampler(platform.rejection_sampler(), device)
+
+
+def test_rejection_sampler_over_several_programs_and_chunks(device):
+    """Small tiles: 4 requests per program, 16-token vocabulary chunks."""
+    from octavo_triton.rejection_sampler import make_rejection_sampler
+
+    tiles = SamplerTuning(block_v=16, block_r=4, interpreter_block_r=4)
+    checks.check_rejection_sampler(make_rejection_sampler(tiles), device)

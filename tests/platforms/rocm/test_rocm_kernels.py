@@ -11,6 +11,7 @@ from octavo_rocm.sampler import make_sampler
 from octavo_rocm.tuning import SAMPLER
 from octavo_triton import kernel_checks as checks
 from octavo_triton.testing import assert_close
+from octavo_triton.tuning import SamplerTuning
 from octavo.ops import reference
 
 pytestmark = pytest.mark.needs_kernels
@@ -104,3 +105,15 @@ def test_rms_norm_fused_with_fp8_quantisation(device, dtype, with_residual):
     quantised = (expected.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
     assert (got[0].cpu().float() == quantised).float().mean() > 0.99  # 16-bit ties may round apart
     torch.testing.assert_close(got[0].cpu().float() * got[1].cpu(), expected.float(), rtol=0.07, atol=1e-2)
+
+
+def test_rejection_sampler_matches_reference(platform, device):
+    checks.check_rejection_sampler(platform.rejection_sampler(), device)
+
+
+def test_rejection_sampler_over_several_programs_and_chunks(device):
+    """Small tiles: 4 requests per program, 16-token vocabulary chunks."""
+    from octavo_triton.rejection_sampler import make_rejection_sampler
+
+    tiles = SamplerTuning(block_v=16, block_r=4, interpreter_block_r=4)
+    checks.check_rejection_sampler(make_rejection_sampler(tiles), device)

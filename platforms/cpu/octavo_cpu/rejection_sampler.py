@@ -1,0 +1,74 @@
+"""The cpu platform's speculative-decoding verifier (the contract: ``RejectionSamplerFn``).
+
+Same results as ``octavo.ops.reference.rejection_sample`` for the same draws, with less memory
+traffic: the acceptance test reads one probability per draft (not the draft's whole target
+row), argmax rows are read only for greedy requests, the request layout is computed with numpy
+on the host (the counts are host integers already), and an all-greedy batch never touches the
+noise.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: Sequence[int],
+    draft_probs: Optional[torch.Tensor],
+    target_probs: torch.Tensor,
+    temperature: torch.Tensor,
+    uniforms: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """``[R, max_k + 1]`` int64: accepted drafts, the recovered or bonus token, -1 padding."""
+    k = np.asarray(num_draft_tokens, dtype=np.int64)
+    num_reqs, num_drafts = len(k), int(k.sum())
+    first = np.cumsum(k) - k
+    owner = np.repeat(np.arange(num_reqs), k)
+    offset = np.arange(num_drafts) - first[owner]
+    owner_t, offset_t = torch.from_numpy(owner), torch.from_numpy(offset)
+    target_row = torch.from_numpy(first[owner] + owner + offset)
+    drafts = draft_token_ids.long()
+    is_greedy = temperature == 0
+
+    # Accept each draft on its own: greedy rows compare with the argmax, the others race a uniform.
+    p_draft = target_probs[target_row, drafts]
+    q_draft = draft_probs[torch.arange(num_drafts), drafts] if draft_probs is not None else 1.0
+    ok = uniforms * q_draft < p_draft
+    greedy_draft = is_greedy[owner_t]
+    if bool(greedy_draft.any()):
+        ok[greedy_draft] = target_probs[target_row[greedy_draft]].argmax(-1) == drafts[greedy_draft]
+
+    # Accepted count: the first rejection of each request (k_r when there is none).
+    rejected_at = torch.from_numpy(k.copy())
+    bad = ~ok
+    rejected_at.scatter_reduce_(0, owner_t[bad], offset_t[bad], reduce="amin")
+    k_t = torch.from_numpy(k)
+
+    out = torch.full((num_reqs, int(k.max(initial=0)) + 1), -1, dtype=torch.int64)
+    keep = offset_t < rejected_at[owner_t]
+    out[owner_t[keep], offset_t[keep]] = drafts[keep]
+
+    # The last token reads the target row after the accepted drafts.
+    reqs = torch.arange(num_reqs)
+    p_last = target_probs[torch.from_numpy(first) + reqs + rejected_at]
+    last = p_last.argmax(-1)
+    if not bool(is_greedy.all()):
+        stopped = rejected_at < k_t
+        weights = p_last.clone()
+        rows = reqs[stopped]
+        if rows.numel():
+            at = torch.from_numpy(first)[rows] + rejected_at[rows]
+            if draft_probs is None:
+                sub = torch.zeros_like(p_last[rows]).scatter_(1, drafts[at, None], 1.0)
+            else:
+                sub = draft_probs[at]
+            residual = (p_last[rows] - sub).clamp(min=0)
+            weights[rows] = torch.where(residual.amax(-1, keepdim=True) > 0, residual, p_last[rows])
+        last = torch.where(is_greedy, last, (weights / noise).argmax(-1))
+    out[reqs, rejected_at] = last
+    return out
