@@ -92,6 +92,30 @@ def other_cases(platform: Platform, device, sizes: Sizes):
            lambda: reference.sample(logits, metadata))
 
 
+def fp8_and_speculation_cases(platform: Platform, device, sizes: Sizes):
+    """FP8 scaled matmul (per-token x per-channel scales, into bf16) and the rejection sampler
+    (4 drafts per request with draft probabilities, half the requests greedy)."""
+    from octavo.models.layers.fp8 import quantize_rows
+
+    m, k = sizes.norm_tokens, sizes.hidden
+    a, scale_a = quantize_rows(torch.randn(m, k, device=device))
+    w, scale_w = quantize_rows(torch.randn(k, k, device=device))
+    scaled_mm = platform.scaled_mm()
+    yield (f"fp8 scaled_mm {m}x{k}x{k}", lambda: scaled_mm(a, w.t(), scale_a, scale_w.view(1, -1), torch.bfloat16),
+           lambda: reference.scaled_mm(a, w.t(), scale_a, scale_w.view(1, -1), torch.bfloat16))
+    rows, drafts = sizes.sample_rows, 4
+    counts = [drafts] * rows
+    target = torch.softmax(torch.randn(rows * (drafts + 1), sizes.vocab, device=device) * 3, -1)
+    draft = torch.softmax(torch.randn(rows * drafts, sizes.vocab, device=device) * 3, -1)
+    ids = torch.randint(0, sizes.vocab, (rows * drafts,), device=device)
+    temperature = (torch.arange(rows, device=device) % 2).float()
+    uniforms, noise = reference.draw_rejection_randoms(counts, sizes.vocab, device=device)
+    args = (ids, counts, draft, target, temperature, uniforms, noise)
+    verify = platform.rejection_sampler()
+    yield (f"rejection sampler {rows}x{drafts} drafts, V={sizes.vocab}", lambda: verify(*args),
+           lambda: reference.rejection_sample(*args))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="small shapes: a smoke run of the code paths")
@@ -102,7 +126,7 @@ def main(argv=None) -> int:
     print(f"# {platform.info.reason}; torch {torch.__version__}")
     if device.type == "cuda":
         print(f"# {torch.cuda.get_device_name(device)}")
-    for cases in (attention_cases, other_cases):
+    for cases in (attention_cases, other_cases, fp8_and_speculation_cases):
         for name, kernel, ref in cases(platform, device, sizes):
             kernel_ms, ref_ms = time_call(kernel, device), time_call(ref, device)
             print(f"{name:48} triton {kernel_ms:9.3f} ms   reference {ref_ms:9.3f} ms   x{ref_ms / kernel_ms:6.1f}")
