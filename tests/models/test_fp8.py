@@ -126,7 +126,7 @@ def test_fp8_greedy_tokens_match_the_cpu_platform(model_dir):
 
     name = emulated_platform()
     prompts = [[1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((13, 4, 9))]
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)  # the interpreter is slow
 
     def generate(device: str) -> list[list[int]]:
         llm = LLM(str(model_dir), device=device, quantization="fp8", dtype="float32",
