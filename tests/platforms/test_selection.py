@@ -98,6 +98,37 @@ def test_a_broken_detection_is_reported_not_fatal():
     assert Platform.select(pm=pm).name == "cpu"
 
 
+def install_entry_point(root, group: str, name: str, module_source: str) -> None:
+    """A distribution on ``root`` (to be put on sys.path) whose ``group`` entry point ``name``
+    is a module with the given source: what `pip install` of a vendor package leaves behind."""
+    dist = root / f"octavo_{name}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: octavo-{name}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = octavo_{name}_plugin\n")
+    (root / f"octavo_{name}_plugin.py").write_text(module_source)
+
+
+def test_a_platform_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypatch):
+    install_entry_point(tmp_path, "octavo.platforms", "brokenvendor",
+                        "raise ImportError('libvendorrt.so.3: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pm = create_plugin_manager()
+    broken = next(d for d in detect_platforms(pm) if d.plugin_name == "brokenvendor")
+    assert not broken.info.available and "libvendorrt.so.3" in broken.info.reason
+    with pytest.raises(PlatformError, match="libvendorrt.so.3"):
+        Platform.select(device="brokenvendor", pm=create_plugin_manager())
+    assert Platform.select(pm=pm).name == "cpu"
+
+
+def test_an_extension_plugin_that_fails_to_import_is_skipped_and_logged(tmp_path, monkeypatch, caplog):
+    install_entry_point(tmp_path, "octavo.plugins", "brokenext", "raise RuntimeError('bad kernels')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pm = create_plugin_manager()
+    assert pm.get_plugin("brokenext") is None and pm.get_plugin("cpu") is not None
+    assert "bad kernels" in caplog.text
+    assert Platform.select(pm=pm).name == "cpu"
+
+
 def test_losing_platform_plugins_are_unregistered_before_kernel_hooks(monkeypatch):
     monkeypatch.setenv("OCTAVO_EXAMPLE_NPU", "1")
     platform = Platform.select(device="cpu")
