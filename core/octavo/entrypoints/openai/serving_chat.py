@@ -10,7 +10,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from octavo.engine.async_engine import EngineDeadError
 from octavo.entrypoints.openai.chat_protocol import (
     ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobEntry, ChatLogprobs, ChatLogprobToken,
     ChatResponseMessage,
@@ -18,7 +17,7 @@ from octavo.entrypoints.openai.chat_protocol import (
 from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
 from octavo.entrypoints.openai.serving_common import (
-    SSE_DONE, Admission, ClientGone, ServingContext, clamp_logprob, merge_outputs, new_request_id, sse,
+    ClientGone, ServingContext, clamp_logprob, event_stream, merge_outputs, new_request_id, sse, usage_event,
 )
 from octavo.outputs import CompletionOutput, Logprob, SampleLogprobs
 
@@ -80,7 +79,7 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     admission = ctx.admit(1)
     generators = ctx.start(request_id, prompts, params, body)
     if body.stream:
-        stream = _stream(ctx, request_id, body, len(token_ids), generators, admission)
+        stream = event_stream(_stream(ctx, request_id, body, len(token_ids), generators), admission)
         return StreamingResponse(stream, media_type="text/event-stream", background=BackgroundTask(admission.release))
     try:
         (final,) = await ctx.collect(raw_request, generators)
@@ -110,7 +109,7 @@ def _response(ctx: ServingContext, request_id: str, body: ChatCompletionRequest,
 
 async def _stream(
     ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int,
-    generators: list[AsyncIterator], admission: Admission,
+    generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
     # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
     head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": ctx.config.served_model_name}
@@ -124,29 +123,19 @@ async def _stream(
         return sse({**head, "choices": [choice], "usage": None})
 
     num_completion_tokens = 0
-    try:
-        for index in range(body.n):
-            yield chunk(index, {"role": "assistant", "content": ""})
-        async with contextlib.aclosing(merge_outputs(generators)) as outputs:
-            async for _, output in outputs:
-                for completion in output.outputs:
-                    num_completion_tokens += len(completion.token_ids)
-                    logprobs = _logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None
-                    if completion.text or (logprobs and logprobs.content):
-                        yield chunk(completion.index, {"content": completion.text}, logprobs=logprobs)
-                    if completion.finish_reason is not None:
-                        yield chunk(completion.index, {}, completion)
-        if body.include_usage:
-            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                              total_tokens=num_prompt_tokens + num_completion_tokens)
-            yield sse({**head, "choices": [], "usage": dump(usage)})
-    except EngineDeadError as exc:
-        yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
-    except ValueError as exc:
-        yield sse(bad_request(str(exc)).body())
-    finally:
-        admission.release()
-    yield SSE_DONE
+    for index in range(body.n):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    async with contextlib.aclosing(merge_outputs(generators)) as outputs:
+        async for _, output in outputs:
+            for completion in output.outputs:
+                num_completion_tokens += len(completion.token_ids)
+                logprobs = _logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None
+                if completion.text or (logprobs and logprobs.content):
+                    yield chunk(completion.index, {"content": completion.text}, logprobs=logprobs)
+                if completion.finish_reason is not None:
+                    yield chunk(completion.index, {}, completion)
+    if body.include_usage:
+        yield usage_event(head, num_prompt_tokens, num_completion_tokens)
 
 
 def _entry(logprob: Logprob) -> ChatLogprobEntry:

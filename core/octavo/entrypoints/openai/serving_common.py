@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from octavo.engine.async_engine import AsyncEngine, EngineDeadError
 from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_errors
+from octavo.entrypoints.openai.protocol import UsageInfo, dump
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -231,6 +232,30 @@ def sse(payload: Any) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+async def event_stream(events: AsyncIterator[str], admission: "Admission") -> AsyncIterator[str]:
+    """A streaming response's body: ``events``; then, if the engine died or the request proved
+    invalid mid-stream, an OpenAI error event; then ``[DONE]``. The admission is released as
+    soon as the events end, however they end."""
+    try:
+        async with contextlib.aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    except EngineDeadError as exc:
+        yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
+    except ValueError as exc:
+        yield sse(bad_request(str(exc)).body())
+    finally:
+        admission.release()
+    yield SSE_DONE
+
+
+def usage_event(head: dict, prompt_tokens: int, completion_tokens: int) -> str:
+    """The final chunk of a stream with ``stream_options.include_usage``: no choices, the usage."""
+    usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
+    return sse({**head, "choices": [], "usage": dump(usage)})
 
 
 def clamp_logprob(value: float) -> float:

@@ -10,13 +10,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from octavo.engine.async_engine import EngineDeadError
-from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error
+from octavo.entrypoints.openai.errors import bad_request, from_value_error
 from octavo.entrypoints.openai.protocol import (
     SAMPLING_FIELDS, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, UsageInfo, dump,
 )
 from octavo.entrypoints.openai.serving_common import (
-    SSE_DONE, Admission, ClientGone, ServingContext, clamp_logprob, merge_outputs, new_request_id, sse,
+    ClientGone, ServingContext, clamp_logprob, event_stream, merge_outputs, new_request_id, sse, usage_event,
 )
 from octavo.outputs import CompletionOutput, SampleLogprobs
 
@@ -63,7 +62,7 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     admission = ctx.admit(len(prompts))
     generators = ctx.start(request_id, prompts, params, body)
     if body.stream:
-        stream = _stream(ctx, request_id, body, prompts, generators, admission)
+        stream = event_stream(_stream(ctx, request_id, body, prompts, generators), admission)
         return StreamingResponse(stream, media_type="text/event-stream", background=BackgroundTask(admission.release))
     try:
         finals = await ctx.collect(raw_request, generators)
@@ -91,43 +90,33 @@ def _response(ctx: ServingContext, request_id: str, body: CompletionRequest, pro
 
 async def _stream(
     ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[dict],
-    generators: list[AsyncIterator], admission: Admission,
+    generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
     # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
     head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": ctx.config.served_model_name}
     offsets: dict[int, int] = {}  # choice index -> text length sent so far
     num_completion_tokens = 0
-    try:
-        async with contextlib.aclosing(merge_outputs(generators)) as outputs:
-            async for i, output in outputs:
-                for completion in output.outputs:
-                    index = i * body.n + completion.index
-                    num_completion_tokens += len(completion.token_ids)
-                    text = completion.text
-                    if index not in offsets and body.echo:
-                        text = _echo_text(ctx, prompts[i]) + text
-                    offset = offsets.get(index, 0)
-                    offsets[index] = offset + len(text)
-                    logprobs = _logprobs(completion.logprobs, body.logprobs, offset) if body.logprobs is not None else None
-                    if not text and completion.finish_reason is None and not (logprobs and logprobs.tokens):
-                        continue
-                    choice = {
-                        "index": index, "text": text, "logprobs": None if logprobs is None else dump(logprobs),
-                        "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason,
-                    }
-                    yield sse({**head, "choices": [choice], "usage": None})
-        if body.include_usage:
-            num_prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
-            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                              total_tokens=num_prompt_tokens + num_completion_tokens)
-            yield sse({**head, "choices": [], "usage": dump(usage)})
-    except EngineDeadError as exc:
-        yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
-    except ValueError as exc:
-        yield sse(bad_request(str(exc)).body())
-    finally:
-        admission.release()
-    yield SSE_DONE
+    async with contextlib.aclosing(merge_outputs(generators)) as outputs:
+        async for i, output in outputs:
+            for completion in output.outputs:
+                index = i * body.n + completion.index
+                num_completion_tokens += len(completion.token_ids)
+                text = completion.text
+                if index not in offsets and body.echo:
+                    text = _echo_text(ctx, prompts[i]) + text
+                offset = offsets.get(index, 0)
+                offsets[index] = offset + len(text)
+                logprobs = _logprobs(completion.logprobs, body.logprobs, offset) if body.logprobs is not None else None
+                if not text and completion.finish_reason is None and not (logprobs and logprobs.tokens):
+                    continue
+                choice = {
+                    "index": index, "text": text, "logprobs": None if logprobs is None else dump(logprobs),
+                    "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason,
+                }
+                yield sse({**head, "choices": [choice], "usage": None})
+    if body.include_usage:
+        num_prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+        yield usage_event(head, num_prompt_tokens, num_completion_tokens)
 
 
 def _choice(index: int, text: str, logprobs: Optional[CompletionLogprobs], completion: CompletionOutput) -> CompletionChoice:
