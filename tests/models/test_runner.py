@@ -175,3 +175,18 @@ def test_profile_run_measures_activations_and_leaves_nothing_behind(llama, make_
     for prompt in PROMPTS:
         driver.add(prompt, MAX_TOKENS)
     assert driver.run() == expected_greedy(oracle, llama)
+
+
+def test_host_kv_caches_are_zero_until_written_and_cost_no_start_up(llama, make_runner):
+    """The cpu KV cache comes from anonymous memory: zero without writing a page at start-up."""
+    from octavo.model_executor.memory import zeros_on_touch
+
+    runner = make_runner(llama)
+    runner.initialize_kv_cache(num_blocks=64, num_host_blocks=8)
+    for cache in runner.kv_caches + runner.host_kv_caches:
+        assert cache.is_contiguous() and cache.dtype == runner.model_config.dtype
+        assert not cache.any()
+    assert runner.host_kv_caches[0].shape[2:] == runner.kv_caches[0].shape[2:]
+    big = zeros_on_touch((2, 1 << 20, 1024), torch.float32, "cpu")  # 8 GiB, never touched whole
+    big[1, 12345].fill_(2.0)
+    assert big[1, 12345].sum() == 2048.0 and big[0, 12345].sum() == 0 and big[1, -1].sum() == 0

@@ -75,14 +75,20 @@ class EngineCore:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
 
     def _plan_kv_cache(self) -> KVCacheSizing:
-        profile = self.runner.profile_run()
+        """Size the KV cache: ``--kv-cache-memory`` bytes when given (the cpu platform always
+        sets it), else what ``--gpu-memory-utilization`` leaves after the weights and the peak
+        activations of a profile run. The profile run is skipped when its figure is not used:
+        on the host CPU a max-size step of the ~100M model costs tens of seconds of start-up."""
+        activation_bytes = 0
+        if self.args.cache_config.kv_cache_memory is None:
+            activation_bytes = self.runner.profile_run().peak_activation_bytes
         model_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
         mc = self.model_config
         sizing = plan_kv_cache(
             self.args.cache_config,
             self.platform.capabilities,
             self.platform.memory_info(self.runner.device),
-            model_memory=model_bytes + profile.peak_activation_bytes,
+            model_memory=model_bytes + activation_bytes,
             num_layers=mc.num_hidden_layers,
             num_kv_heads=mc.num_key_value_heads,
             head_dim=mc.head_dim,

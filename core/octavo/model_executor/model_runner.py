@@ -21,7 +21,7 @@ from octavo.model_executor.input_batch import CachedRequestState, InputBatch
 from octavo.model_executor.loader import load_model
 from octavo.model_executor.logits_processors import SamplingPenalties
 from octavo.model_executor.logprobs import compute_logprobs
-from octavo.model_executor.memory import PeakMemory
+from octavo.model_executor.memory import PeakMemory, zeros_on_touch
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from octavo.models.layers.attention import Attention
@@ -139,11 +139,13 @@ class ModelRunner:
         ``num_host_blocks`` > 0 also allocates host caches that swapped-out blocks go to."""
         dtype = self.model_config.dtype
         self.kv_caches = [
-            torch.zeros(layer.backend.kv_cache_shape(num_blocks), dtype=dtype, device=self.device)
+            zeros_on_touch(layer.backend.kv_cache_shape(num_blocks), dtype, self.device)
             for layer in self.attention_layers
         ]
         self.host_kv_caches = [
-            torch.zeros(layer.backend.kv_cache_shape(num_host_blocks), dtype=dtype, pin_memory=self.device.type != "cpu")
+            torch.zeros(layer.backend.kv_cache_shape(num_host_blocks), dtype=dtype, pin_memory=True)
+            if self.device.type != "cpu"
+            else zeros_on_touch(layer.backend.kv_cache_shape(num_host_blocks), dtype, "cpu")
             for layer in self.attention_layers
         ] if num_host_blocks else []
         self._bind(self.kv_caches)
