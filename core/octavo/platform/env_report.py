@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -18,7 +19,13 @@ def render_env_report(device: Optional[str] = None, pm=None) -> str:
     pm = pm if pm is not None else create_plugin_manager()
     records = plugin_records(pm)
     detections = detect_platforms(pm)
-    lines = [f"octavo {octavo.__version__}, torch {torch.__version__}", "", "platforms:"]
+    lines = [
+        f"octavo {octavo.__version__}, torch {torch.__version__}",
+        f"host threads: torch {torch.get_num_threads()}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset: OpenMP spins)')}",
+        "",
+        "platforms:",
+    ]
     for d in sorted(detections, key=lambda d: -d.info.priority):
         rec = records.get(d.plugin_name)
         dist = f"{rec.dist_name} {rec.dist_version}" if rec and rec.dist_name else "(in-process)"
