@@ -1,6 +1,17 @@
 """octavo: an LLM inference and serving engine with per-vendor platform plugins."""
 
+import os
+import sys
+
 from octavo.hookspecs import hookimpl, hookspec
+
+if "torch" not in sys.modules:
+    # OpenMP reads this once, when torch loads it. Its default (active) lets idle threads spin:
+    # when anything else wants a core (the server's event loop, a benchmark client, another
+    # job) every parallel region then waits for a descheduled spinner, and a 2-core host ran the
+    # tiny model 6x slower on two threads than on one. Passive threads sleep. The environment
+    # wins: OMP_WAIT_POLICY=ACTIVE restores spinning; `octavo env` shows the setting.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -39,17 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
-"""Set for the process before torch loads OpenMP, unless the environment says otherwise. With
-the default active policy, idle OpenMP threads spin: when any other thread wants the core (the
-server's event loop, a benchmark client, another job), every parallel region waits for a
-descheduled spinner and a 2-core host ran the tiny model 6x slower with two threads than with
-one. Passive threads sleep instead. ``OMP_WAIT_POLICY=ACTIVE octavo ...`` restores spinning."""
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    for name, value in OPENMP_DEFAULTS.items():
-        os.environ.setdefault(name, value)
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

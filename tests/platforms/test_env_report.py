@@ -36,7 +36,7 @@ def test_env_reports_a_forced_choice_and_a_failing_one():
     assert "chosen: none: platform 'rocm' was requested but is not available" in failing.stdout
 
 
-def test_the_cli_makes_idle_openmp_threads_sleep_unless_told_otherwise():
+def test_octavo_makes_idle_openmp_threads_sleep_unless_told_otherwise():
     """Spinning OpenMP threads collapse throughput when anything else wants a core."""
     environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     default = subprocess.run([str(OCTAVO), "env"], capture_output=True, text=True, env=environment, timeout=120)
