@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="per serving level, stop sending new requests after this many seconds")
     parser.add_argument("--dtype", default="auto", help="dtype for every engine; auto: float32 for tiny, bfloat16 for small")
     parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--hf-num-prompts", type=int, default=None,
+                        help="transformers runs only the first N prompts (static batches make its rate per batch; "
+                             "its bfloat16 matmul is slow on CPUs without AVX512-BF16)")
     parser.add_argument("--kv-cache-gib", type=int, default=4,
                         help="KV cache of both engines (vLLM: VLLM_CPU_KVCACHE_SPACE)")
     parser.add_argument("--threads", type=int, default=None,
@@ -160,7 +163,9 @@ def engine_env(engine: str, args) -> dict:
     env = dict(os.environ)
     if engine == "vllm":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
-    elif args.threads:
+        return env
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # octavo's own default; transformers gets the same
+    if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     return env
 
@@ -211,7 +216,10 @@ def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn:
     """Random token-id prompts, lengths uniform in INPUT_LEN, fixed output length: every engine."""
     requests = random_requests(args.num_prompts, INPUT_LEN, (args.output_len,) * 2, vocab, args.seed)
     prompts = [list(r.prompt_token_ids) for r in requests]
-    rows = {e: offline_run(e, f"{size}-offline-{e}", model, dtype, prompts, True, args) for e in rotate(args.engines, turn)}
+    rows = {}
+    for e in rotate(args.engines, turn):
+        mine = prompts[: args.hf_num_prompts] if e == "transformers" and args.hf_num_prompts else prompts
+        rows[e] = offline_run(e, f"{size}-offline-{e}", model, dtype, mine, True, args)
     checks = [c for c in (identical(rows, "octavo", "vllm"), identical(rows, "octavo", "transformers")) if c]
     return {"model": size, "dtype": dtype, "workload": "random", "rows": strip_tokens(rows), "identical": checks}
 
@@ -426,6 +434,8 @@ def settings(args) -> dict:
         "octavo": f"--kv-cache-memory {args.kv_cache_gib}GiB; ready = GET /health/ready"
                   + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
         "transformers": f"generate, static batches of {args.hf_batch_size}, left padding, EOS suppressed"
+                        + (f", first {args.hf_num_prompts} prompts only" if args.hf_num_prompts else "")
+                        + "; OMP_WAIT_POLICY=PASSIVE as octavo's"
                         + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
         "serving": f"octavo bench serve, streaming /v1/completions, concurrency {args.concurrency}, at most {args.num_prompts} "
                    f"requests and {args.serve_duration:.0f} s of sending per level, one warm-up request",
