@@ -4,8 +4,10 @@ Trains a byte-level BPE tokenizer and a ~4M-parameter Llama on the running inter
 library, on one CPU thread, and saves the result in HuggingFace format (default: the core
 package's data/demo-model, the folder `octavo serve` uses when no model is given).
 
-    .venv/bin/python scripts/train_demo_model.py --steps 1000          # the committed run
+    .venv/bin/python scripts/train_demo_model.py                       # the committed run
     .venv/bin/python scripts/train_demo_model.py --steps 20 --out /tmp/demo-smoke   # a smoke run
+    .venv/bin/python scripts/train_demo_model.py --stop-after 50 --out /tmp/demo-check  # reproducibility
+    .venv/bin/python scripts/train_demo_model.py --report-only --out FOLDER   # re-sample, re-render README
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
 
 from demo_model.corpus import load_corpus, stdlib_root  # noqa: E402
-from demo_model.report import greedy_samples, plot_loss_curve, render_readme, write_metrics  # noqa: E402
+from demo_model.report import (  # noqa: E402
+    greedy_samples, plot_loss_curve, render_readme, sampled_sample, write_metrics,
+)
 from demo_model.tokenizer import SPECIAL_TOKENS, encode_documents, to_transformers, train_tokenizer  # noqa: E402
 from demo_model.training import TrainConfig, build_model, evaluate, pack_windows, train  # noqa: E402
 
@@ -55,6 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="end after this many steps, keeping the --steps schedule (to check a run reproduces)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (HuggingFace format)")
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="train nothing: redo the samples of the model in --out and rewrite its metrics.json and README.md",
+    )
     return parser.parse_args(argv)
 
 
@@ -115,7 +123,7 @@ def build_metrics(args, config: TrainConfig, corpus_stats: dict, history, held_o
     """Everything about the run that metrics.json and the README report."""
     recent = history.train_loss[-50:]
     return {
-        "command": shlex.join([".venv/bin/python", "scripts/train_demo_model.py", *sys.argv[1:]]),
+        "command": reproduce_command(sys.argv[1:]),
         "config": dataclasses.asdict(config),
         "corpus": corpus_stats,
         "model_bytes": (args.out / "model.safetensors").stat().st_size,
@@ -135,6 +143,46 @@ def build_metrics(args, config: TrainConfig, corpus_stats: dict, history, held_o
     }
 
 
+def reproduce_command(argv) -> str:
+    """The command line that repeats the run; --out (where it was written) does not change it."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return shlex.join([".venv/bin/python", "scripts/train_demo_model.py", *kept])
+
+
+def write_samples_and_readme(out: Path, metrics: dict) -> dict:
+    """Samples from the saved folder (what a user loading it gets), then metrics.json and README.md."""
+    saved_model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    saved_tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    metrics["samples"] = greedy_samples(saved_model, saved_tokenizer)
+    metrics["sampled"] = sampled_sample(saved_model, saved_tokenizer)
+    write_metrics(metrics, out / "metrics.json")
+    (out / "README.md").write_text(render_readme(metrics), encoding="utf-8")
+    return metrics
+
+
+def report_only(out: Path) -> int:
+    """Redo the samples and README of an already trained folder from its metrics.json."""
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    metrics["command"] = reproduce_command(shlex.split(metrics["command"])[2:])
+    write_samples_and_readme(out, metrics)
+    _print_samples(metrics)
+    return 0
+
+
+def _print_samples(metrics: dict) -> None:
+    for prompt, completion in metrics["samples"].items():
+        print(f"--- {prompt!r} (greedy)\n{prompt}{completion}")
+    prompt, sampled = metrics["sampled"]["prompt"], metrics["sampled"]
+    print(f"--- {prompt!r} (temperature {sampled['temperature']})\n{prompt}{sampled['completion']}")
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -149,8 +197,10 @@ def main(argv=None) -> int:
     """Train, evaluate, save, sample and write the report; returns the exit status."""
     started = time.perf_counter()
     args = parse_args(argv)
-    config = config_from_args(args)
     torch.set_num_threads(1)
+    if args.report_only:
+        return report_only(args.out)
+    config = config_from_args(args)
     tokenizer, train_windows, held_out_windows, corpus_stats = prepare_data(args, config)
     print(f"corpus: {corpus_stats}; {train_windows.shape[0]} training windows of {config.seq_len}", flush=True)
     model = build_model(config, {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS})
@@ -159,18 +209,12 @@ def main(argv=None) -> int:
     print(f"held-out loss {held_out_loss:.4f} nats/token over {held_out_windows.numel()} tokens", flush=True)
     hf_tokenizer = to_transformers(tokenizer, model_max_length=config.shape.max_position_embeddings)
     save_model(model, hf_tokenizer, args.out)
-    # Samples come from the saved folder, so they show what a user loading it gets.
-    saved_model = AutoModelForCausalLM.from_pretrained(args.out, local_files_only=True)
-    samples = greedy_samples(saved_model, AutoTokenizer.from_pretrained(args.out, local_files_only=True))
     plot_loss_curve(history, config.batch_size * config.seq_len, args.out / "loss_curve.png")
     metrics = build_metrics(args, config, corpus_stats, history, held_out_loss, train_windows.shape[0])
     metrics["parameters"] = sum(p.numel() for p in model.parameters())
-    metrics["samples"] = samples
     metrics["total_seconds"] = time.perf_counter() - started
-    write_metrics(metrics, args.out / "metrics.json")
-    (args.out / "README.md").write_text(render_readme(metrics), encoding="utf-8")
-    for prompt, completion in samples.items():
-        print(f"--- {prompt!r}\n{prompt}{completion}")
+    metrics = write_samples_and_readme(args.out, metrics)
+    _print_samples(metrics)
     print(f"saved to {args.out} in {metrics['total_seconds'] / 60:.1f} min", flush=True)
     return 0
 

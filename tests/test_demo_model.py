@@ -125,12 +125,12 @@ def test_model_has_learned_python(model, tokenizer):
     """Loss on unseen code is far below what token frequencies alone give.
 
     A uniform guess scores ln 4096 = 8.3 nats/token; a unigram model of the training corpus about
-    6.2 on this snippet; the committed model about 3.7.
+    6.2 on this snippet; the committed model about 2.9.
     """
     ids = tokenizer(TYPICAL_SOURCE, return_tensors="pt").input_ids
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
-    assert loss < 4.5, f"loss {loss:.2f} on plain Python: the committed weights look untrained"
+    assert loss < 3.5, f"loss {loss:.2f} on plain Python: the committed weights look untrained"
 
 
 def _greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list:

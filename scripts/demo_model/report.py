@@ -16,6 +16,11 @@ from demo_model.training import TrainHistory  # noqa: E402
 
 SAMPLE_PROMPTS = ("def fibonacci(n):", "import os\n")
 SAMPLE_NEW_TOKENS = 64
+# One sampled completion besides the greedy ones: plain temperature sampling (no top-k/top-p),
+# seeded so the README is reproducible.
+SAMPLED_PROMPT = "def fibonacci(n):"
+SAMPLED_TEMPERATURE = 0.8
+SAMPLED_SEED = 0
 
 
 def plot_loss_curve(history: TrainHistory, tokens_per_step: int, path: Path) -> None:
@@ -53,13 +58,57 @@ def greedy_samples(model, tokenizer, prompts: Sequence[str] = SAMPLE_PROMPTS) ->
     return samples
 
 
+@torch.no_grad()
+def sampled_sample(model, tokenizer, prompt: str = SAMPLED_PROMPT) -> Dict[str, object]:
+    """One completion sampled at SAMPLED_TEMPERATURE from a seeded generator, with its settings."""
+    inputs = tokenizer(prompt, return_tensors="pt")
+    torch.manual_seed(SAMPLED_SEED)
+    output = model.generate(
+        **inputs, do_sample=True, temperature=SAMPLED_TEMPERATURE, top_k=0, top_p=1.0,
+        max_new_tokens=SAMPLE_NEW_TOKENS, pad_token_id=tokenizer.pad_token_id,
+    )
+    completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    return {"prompt": prompt, "temperature": SAMPLED_TEMPERATURE, "seed": SAMPLED_SEED, "completion": completion}
+
+
 def write_metrics(metrics: dict, path: Path) -> None:
     """metrics.json, pretty-printed with sorted keys so re-runs diff cleanly."""
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _sample_block(prompt: str, completion: str) -> str:
-    return f"Prompt `{prompt!r}`, greedy, {SAMPLE_NEW_TOKENS} new tokens:\n\n```python\n{prompt}{completion}\n```\n"
+def _sample_block(prompt: str, completion: str, how: str = "greedy") -> str:
+    return f"Prompt `{prompt!r}`, {how}, {SAMPLE_NEW_TOKENS} new tokens:\n\n```python\n{prompt}{completion}\n```\n"
+
+
+def _sampled_block(sampled: dict) -> str:
+    how = f"sampled at temperature {sampled['temperature']} (`torch.manual_seed({sampled['seed']})`, no top-k/top-p)"
+    return _sample_block(sampled["prompt"], sampled["completion"], how)
+
+
+def _reproduced(metrics: dict) -> str:
+    """The re-run check, when one was recorded in metrics.json under "reproduced"."""
+    check = metrics.get("reproduced")
+    if not check:
+        return ""
+    step = check["step"]
+    committed = metrics["curve"]["held_out_loss_first_windows"][metrics["curve"]["eval_steps"].index(step)]
+    return f"""
+
+Checked on {check['date']}: a re-run of the same schedule stopped after {step} steps,
+`{check['command']}`, gave a held-out loss (first {metrics['config']['eval_windows']} windows) of
+{check['held_out_loss_first_windows']:.6f} at step {step}, against {committed:.6f} in this run's curve
+({check['note']}). A full re-run takes as long as the time above."""
+
+
+def _long_context(metrics: dict) -> str:
+    """The held-out loss in windows of the full context, when recorded under "held_out_loss_full_context"."""
+    loss = metrics.get("held_out_loss_full_context")
+    if loss is None:
+        return ""
+    return (
+        f" Scored in windows of {metrics['config']['shape']['max_position_embeddings']} tokens the held-out"
+        f" loss is {loss:.4f} nats/token."
+    )
 
 
 def _steps_run(metrics: dict) -> str:
@@ -71,7 +120,10 @@ def render_readme(metrics: dict) -> str:
     """The model card: what the model is, how it was trained, and how good it is."""
     config, corpus = metrics["config"], metrics["corpus"]
     shape = config["shape"]
-    samples = "\n".join(_sample_block(p, c) for p, c in metrics["samples"].items())
+    blocks = [_sample_block(p, c) for p, c in metrics["samples"].items()]
+    if "sampled" in metrics:
+        blocks.append(_sampled_block(metrics["sampled"]))
+    samples = "\n".join(blocks)
     minutes = metrics["total_seconds"] / 60
     return f"""# octavo demo model
 
@@ -89,7 +141,7 @@ never trained on conversations.
 | data | {corpus['train_files']} stdlib files, {corpus['train_tokens']:,} tokens (tests, `site-packages`, `encodings`, `pydoc_data` excluded); each file is `<\\|bos\\|> source <\\|eos\\|>` |
 | held-out set | {corpus['held_out_files']} files ({corpus['held_out_tokens']:,} tokens), chosen by a hash of their path, never trained on |
 | training | {_steps_run(metrics)} steps of {config['batch_size']} x {config['seq_len']} tokens ({metrics['tokens_seen']:,} tokens, {metrics['epochs']:.2f} epochs); AdamW (0.9, 0.95), weight decay {config['weight_decay']}, peak LR {config['peak_lr']}, {config['warmup_steps']} warm-up steps, cosine to {config['min_lr_ratio']} x peak, gradient clip {config['grad_clip']}; seed {config['seed']} |
-| **held-out loss** | **{metrics['held_out_loss']:.4f} nats/token** (perplexity {metrics['held_out_perplexity']:.2f}) over all held-out tokens |
+| **held-out loss** | **{metrics['held_out_loss']:.4f} nats/token** (perplexity {metrics['held_out_perplexity']:.2f}) over all held-out tokens, in windows of {config['seq_len']} |
 | final train loss | {metrics['final_train_loss']:.4f} (mean of the last 50 steps) |
 | time | {minutes:.1f} min wall in all ({metrics['train_seconds'] / 60:.1f} min of it training), 1 CPU thread ({metrics['cpu']}) |
 | software | Python {metrics['python']}, torch {metrics['torch']}, transformers {metrics['transformers']}, tokenizers {metrics['tokenizers']} |
@@ -109,16 +161,20 @@ shuffle of training windows, `torch.set_num_threads(1)`. Re-running it with the 
 the same interpreter reproduces the held-out loss above within a few percent (bit-for-bit on the
 same CPU and library versions; other CPUs, thread counts or versions change floating-point
 rounding, and a different Python version has a different standard library to train on).
-metrics.json records every setting and number of this run.
+metrics.json records every setting and number of this run.{_reproduced(metrics)}
 
 ## What to expect
 
 This model exists to exercise the engine (tokenization, batching, the paged KV cache, sampling,
 streaming, chat templates) with real, non-random weights on any machine. It was sized to train in
-well under an hour on one CPU thread and has seen {metrics['tokens_seen']:,} tokens, so it writes
-Python-looking text (keywords, indentation, names from the standard library), not working
-programs, and greedy decoding soon falls into repeating a line, as the samples show. Sampling with
-a temperature around 0.7-1.0 gives more varied text.
+under an hour on one CPU thread and has seen {metrics['tokens_seen']:,} tokens ({metrics['epochs']:.2f} epochs of its
+data), so it writes Python-looking text (indentation, `if`/`return`/`self.` statements, names from
+the standard library), not working programs, and it does not stay on topic: `def fibonacci(n):` is
+continued with method-body code that has nothing to do with Fibonacci numbers. Greedy decoding soon
+falls into repeating itself (a nested call, a run of `#` comment lines), as the samples show;
+sampling with a temperature around 0.7-1.0 gives varied lines that read more like code (the last
+sample). It was trained on {config['seq_len']}-token windows: prompts plus completions up to its context of
+{shape['max_position_embeddings']} tokens work (RoPE), but predictions past position {config['seq_len']} are weaker.{_long_context(metrics)}
 
 ## Sample completions
 

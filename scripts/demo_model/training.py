@@ -35,12 +35,12 @@ class TrainConfig:
     """What a training run does; recorded in metrics.json."""
 
     vocab_size: int = 4096
-    seq_len: int = 512
-    batch_size: int = 2
-    steps: int = 1000
-    peak_lr: float = 2e-3
+    seq_len: int = 256
+    batch_size: int = 8
+    steps: int = 1200
+    peak_lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
+    warmup_steps: int = 60
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = 50
