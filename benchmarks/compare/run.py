@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds a server may take to become ready")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("out/compare"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="offline runs whose spec matches an earlier run's in --out reuse its result (resume)")
     args = parser.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
     if unknown := set(args.engines) - set(ENGINES):
@@ -177,12 +179,19 @@ def offline_run(engine: str, name: str, model: Path, dtype: str, prompts: list, 
             "kv_cache_gib": args.kv_cache_gib, "hf_batch_size": args.hf_batch_size}
     work = args.out / "runs" / name
     work.mkdir(parents=True, exist_ok=True)
-    (work / "spec.json").write_text(json.dumps({**spec, "prompts": prompts}))
+    spec_text = json.dumps({**spec, "prompts": prompts})
     python = args.vllm_python if engine == "vllm" else sys.executable
     command = [str(python), str(HERE / "offline_worker.py"), str(work / "spec.json"), str(work / "result.json")]
     print(f"  {name}: {engine} offline, {len(prompts)} requests ...", flush=True)
     row = {"engine": engine, "settings": spec, "num_prompts": len(prompts)}
-    status = run_logged(command, engine_env(engine, args), work / "log.txt", args.timeout)
+    reusable = (work / "result.json").exists() and (work / "spec.json").exists()
+    if args.reuse and reusable and (work / "spec.json").read_text() == spec_text:
+        print("    (reusing the earlier run's result: same spec)", flush=True)
+        status = None
+    else:
+        (work / "result.json").unlink(missing_ok=True)
+        (work / "spec.json").write_text(spec_text)
+        status = run_logged(command, engine_env(engine, args), work / "log.txt", args.timeout)
     if status:
         print(f"    FAILED: {status}; last lines of {work / 'log.txt'}:\n{tail(work / 'log.txt')}", flush=True)
         return {**row, "error": status}
