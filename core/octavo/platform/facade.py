@@ -27,6 +27,7 @@ from octavo.platform.types import (
     Capabilities,
     MemoryInfo,
     PlatformInfo,
+    RejectionSamplerFn,
     RMSNormFn,
     SamplerFn,
     ScaledMMFn,
@@ -113,7 +114,7 @@ class Platform:
         return self._require("octavo_apply_token_bitmask", result, "token-bitmask kernel")
 
     @functools.lru_cache(maxsize=None)
-    def rejection_sampler(self) -> Any:
+    def rejection_sampler(self) -> RejectionSamplerFn:
         result = self.pm.hook.octavo_rejection_sampler(platform=self.info)
         return self._require("octavo_rejection_sampler", result, "rejection sampler")
 
