@@ -16,6 +16,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HASH_ALGOS = ("sha256", "fast")
+QUANTIZATIONS = ("fp8",)
 GiB = 1 << 30
 
 
@@ -108,6 +109,11 @@ class EngineArgs:
             raise ConfigError(f"swap_space must be >= 0 GiB; got {self.swap_space!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1; got {self.max_model_len!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"quantization {self.quantization!r} is not supported; supported: "
+                f"{', '.join(QUANTIZATIONS)} (or leave it unset for none)"
+            )
 
     @property
     def cache_config(self) -> CacheConfig:
@@ -153,7 +159,7 @@ class EngineArgs:
         group.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
         group.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
         group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-        group.add_argument("--quantization", "-q", default=None, choices=[None, "fp8"])
+        group.add_argument("--quantization", "-q", default=None, choices=[None, *QUANTIZATIONS])
         group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
         return parser
 

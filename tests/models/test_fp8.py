@@ -137,3 +137,11 @@ def test_fp8_greedy_tokens_match_the_cpu_platform(model_dir):
 
     expected = generate("cpu")
     assert generate(name) == expected
+
+
+def test_engine_args_refuse_an_unsupported_quantization_before_loading_anything():
+    from octavo.config import EngineArgs
+
+    with pytest.raises(ConfigError, match="quantization 'awq' is not supported; supported: fp8"):
+        EngineArgs(model="m", quantization="awq")
+    assert EngineArgs(model="m", quantization="fp8").quantization == "fp8"

@@ -15,12 +15,13 @@ from typing import Optional
 import torch
 from torch import nn
 
+from octavo.config import QUANTIZATIONS
 from octavo.errors import ConfigError
 from octavo.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from octavo.platform.facade import Platform
 from octavo.platform.types import ScaledMMFn
 
-SUPPORTED_QUANTIZATION = ("fp8",)
+SUPPORTED_QUANTIZATION = QUANTIZATIONS
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
