@@ -128,6 +128,34 @@ def test_extra_body_fields_are_applied(server, offline):
     assert response.choices[0].text == expected[0]
 
 
+def test_penalties_and_logit_bias_are_applied(server, offline):
+    """The sampling adjustments reach the model runner: the server's greedy text equals the offline
+    engine's under the same settings, and differs from plain greedy."""
+    client = server.client()
+    tokenizer = offline.get_tokenizer()
+    (plain,) = offline_texts(offline, [PROMPT], max_tokens=16, temperature=0)
+    forced = tokenizer.encode(" ball", add_special_tokens=False)[-1]
+    cases = [
+        ({"frequency_penalty": 2.0, "presence_penalty": 1.0}, {}),
+        ({"logit_bias": {str(forced): 100}}, {}),
+        ({}, {"repetition_penalty": 3.0}),
+    ]
+    for fields, extra_body in cases:
+        response = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=0, extra_body=extra_body, **fields
+        )
+        params = {**fields, **extra_body}
+        if "logit_bias" in params:
+            params["logit_bias"] = {int(k): v for k, v in params["logit_bias"].items()}
+        (expected,) = offline_texts(offline, [PROMPT], max_tokens=16, temperature=0, **params)
+        assert response.choices[0].text == expected[0], params
+        assert expected[0] != plain[0], f"{params} changed nothing"
+    biased = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert tokenizer.encode(biased.choices[0].text, add_special_tokens=False) == [forced] * 4
+
+
 def test_request_id_is_echoed(server):
     with httpx.Client(base_url=server.base_url) as http:
         body = {"prompt": "the", "max_tokens": 1}

@@ -24,9 +24,6 @@ logger = logging.getLogger("octavo.entrypoints.openai")
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 MIN_LOGPROB = -9999.0  # JSON has no -inf
-# Accepted and passed to the engine in SamplingParams, but the model runner does not apply them yet
-# (SamplingMetadata has no penalty or bias fields): each is logged once per server.
-UNAPPLIED_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +68,6 @@ class ServingContext:
         self.vocab_size = engine.engine.model_config.vocab_size
         self.capacity = None if config.max_queue_len is None else engine.engine.args.max_num_seqs + config.max_queue_len
         self.num_admitted = 0
-        self._warned_unapplied: set[str] = set()
 
     # --- checks ---------------------------------------------------------------------------------
 
@@ -131,7 +127,6 @@ class ServingContext:
         self, request_id: str, prompts: Sequence[dict], params: SamplingParams, body: Any
     ) -> list[AsyncIterator[RequestOutput]]:
         """One engine request per prompt (ids ``{request_id}-{i}``); nothing is sent until iterated."""
-        self._warn_unapplied(params)
         if self.config.log_requests:
             logger.info(
                 "request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
@@ -141,12 +136,6 @@ class ServingContext:
             self.engine.generate(f"{request_id}-{i}", prompt, params, priority=body.priority, cache_salt=body.cache_salt)
             for i, prompt in enumerate(prompts)
         ]
-
-    def _warn_unapplied(self, params: SamplingParams) -> None:
-        for field, default in UNAPPLIED_DEFAULTS.items():
-            if field not in self._warned_unapplied and getattr(params, field) not in (default, {}):
-                self._warned_unapplied.add(field)
-                logger.warning("%s is accepted but not applied yet by the model runner; outputs ignore it", field)
 
     async def collect(self, raw_request: Request, generators: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
         """The final output of each generator; cancels them all if the client disconnects."""
