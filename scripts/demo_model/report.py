@@ -19,6 +19,9 @@ SAMPLE_NEW_TOKENS = 64
 # One sampled completion besides the greedy ones: plain temperature sampling (no top-k/top-p),
 # seeded so the README is reproducible.
 SAMPLED_PROMPT = "def fibonacci(n):"
+# Greedy decoding of a model this small soon repeats itself; vLLM's (and transformers')
+# repetition_penalty, which octavo applies too, is the usual remedy. The README shows both.
+REPETITION_PENALTY = 1.1
 SAMPLED_TEMPERATURE = 0.8
 SAMPLED_SEED = 0
 
@@ -45,13 +48,16 @@ def plot_loss_curve(history: TrainHistory, tokens_per_step: int, path: Path) -> 
 
 
 @torch.no_grad()
-def greedy_samples(model, tokenizer, prompts: Sequence[str] = SAMPLE_PROMPTS) -> Dict[str, str]:
+def greedy_samples(
+    model, tokenizer, prompts: Sequence[str] = SAMPLE_PROMPTS, repetition_penalty: float = 1.0
+) -> Dict[str, str]:
     """Greedy completion of each prompt (the text generated after it)."""
     samples = {}
     for prompt in prompts:
         inputs = tokenizer(prompt, return_tensors="pt")
         output = model.generate(
-            **inputs, do_sample=False, max_new_tokens=SAMPLE_NEW_TOKENS, pad_token_id=tokenizer.pad_token_id
+            **inputs, do_sample=False, max_new_tokens=SAMPLE_NEW_TOKENS, pad_token_id=tokenizer.pad_token_id,
+            repetition_penalty=repetition_penalty,
         )
         new_tokens = output[0, inputs["input_ids"].shape[1] :]
         samples[prompt] = tokenizer.decode(new_tokens, skip_special_tokens=True)
@@ -121,10 +127,15 @@ def render_readme(metrics: dict) -> str:
     config, corpus = metrics["config"], metrics["corpus"]
     shape = config["shape"]
     blocks = [_sample_block(p, c) for p, c in metrics["samples"].items()]
+    penalized = metrics.get("samples_repetition_penalty", {})
+    how = f"greedy with `repetition_penalty={metrics.get('repetition_penalty')}`"
+    blocks += [_sample_block(p, c, how) for p, c in penalized.items()]
     if "sampled" in metrics:
         blocks.append(_sampled_block(metrics["sampled"]))
     samples = "\n".join(blocks)
     minutes = metrics["total_seconds"] / 60
+    threads = metrics.get("threads", 1)  # runs before --threads existed used one
+    cpu_threads = f"{threads} CPU thread" + ("s" if threads > 1 else "")
     return f"""# octavo demo model
 
 A {metrics['parameters'] / 1e6:.2f}M-parameter Llama trained from scratch on the source code (with its
@@ -143,7 +154,7 @@ never trained on conversations.
 | training | {_steps_run(metrics)} steps of {config['batch_size']} x {config['seq_len']} tokens ({metrics['tokens_seen']:,} tokens, {metrics['epochs']:.2f} epochs); AdamW (0.9, 0.95), weight decay {config['weight_decay']}, peak LR {config['peak_lr']}, {config['warmup_steps']} warm-up steps, cosine to {config['min_lr_ratio']} x peak, gradient clip {config['grad_clip']}; seed {config['seed']} |
 | **held-out loss** | **{metrics['held_out_loss']:.4f} nats/token** (perplexity {metrics['held_out_perplexity']:.2f}) over all held-out tokens, in windows of {config['seq_len']} |
 | final train loss | {metrics['final_train_loss']:.4f} (mean of the last 50 steps) |
-| time | {minutes:.1f} min wall in all ({metrics['train_seconds'] / 60:.1f} min of it training), 1 CPU thread ({metrics['cpu']}) |
+| time | {minutes:.1f} min wall in all ({metrics['train_seconds'] / 60:.1f} min of it training), {cpu_threads} ({metrics['cpu']}) |
 | software | Python {metrics['python']}, torch {metrics['torch']}, transformers {metrics['transformers']}, tokenizers {metrics['tokenizers']} |
 
 ![loss curve](loss_curve.png)
@@ -157,7 +168,7 @@ From the repository root, with the project's virtualenv:
 ```
 
 The script is seeded and deterministic: sorted file lists, a path-hash held-out split, a seeded
-shuffle of training windows, `torch.set_num_threads(1)`. Re-running it with the same command on
+shuffle of training windows, `torch.set_num_threads({threads})` (`--threads`). Re-running it with the same command on
 the same interpreter reproduces the held-out loss above within a few percent (bit-for-bit on the
 same CPU and library versions; other CPUs, thread counts or versions change floating-point
 rounding, and a different Python version has a different standard library to train on).
@@ -167,13 +178,15 @@ metrics.json records every setting and number of this run.{_reproduced(metrics)}
 
 This model exists to exercise the engine (tokenization, batching, the paged KV cache, sampling,
 streaming, chat templates) with real, non-random weights on any machine. It was sized to train in
-under an hour on one CPU thread and has seen {metrics['tokens_seen']:,} tokens ({metrics['epochs']:.2f} epochs of its
-data), so it writes Python-looking text (indentation, `if`/`return`/`self.` statements, names from
-the standard library), not working programs, and it does not stay on topic: `def fibonacci(n):` is
-continued with method-body code that has nothing to do with Fibonacci numbers. Greedy decoding soon
-falls into repeating itself (a nested call, a run of `#` comment lines), as the samples show;
-sampling with a temperature around 0.7-1.0 gives varied lines that read more like code (the last
-sample). It was trained on {config['seq_len']}-token windows: prompts plus completions up to its context of
+about an hour on {cpu_threads} and has seen {metrics['tokens_seen']:,} tokens ({metrics['epochs']:.2f} epochs of its
+data), so it writes Python-looking text (imports, classes, docstrings, `if`/`return`/`self.`
+statements, names from the standard library), not working programs, and it does not stay on topic:
+`def fibonacci(n):` gets a docstring and a body that have nothing to do with Fibonacci numbers.
+Plain greedy decoding soon repeats itself (a phrase, an argument name), as the first samples show;
+`repetition_penalty={metrics.get('repetition_penalty')}` (vLLM's request field, applied by octavo
+and by transformers alike) keeps greedy output on Python-looking lines, and sampling at a
+temperature around 0.7-1.0 gives varied lines with made-up names (the last sample).
+It was trained on {config['seq_len']}-token windows: prompts plus completions up to its context of
 {shape['max_position_embeddings']} tokens work (RoPE), but predictions past position {config['seq_len']} are weaker.{_long_context(metrics)}
 
 ## Sample completions

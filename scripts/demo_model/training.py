@@ -1,7 +1,7 @@
 """The model and a plain torch training loop: AdamW, linear warm-up, cosine decay.
 
 Everything that decides the result is in :class:`TrainConfig`; with the same config, the same
-interpreter (hence the same stdlib) and one CPU thread, a run is deterministic.
+interpreter (hence the same stdlib) and the same CPU thread count, a run is deterministic.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class TrainConfig:
 
     vocab_size: int = 4096
     seq_len: int = 256
-    batch_size: int = 8
-    steps: int = 1200
+    batch_size: int = 16
+    steps: int = 1800
     peak_lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 60
