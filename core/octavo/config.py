@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from typing import Any, Optional
 
 from octavo.errors import ConfigError
@@ -58,6 +59,17 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None  # None: the model's own context length
 
 
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object given on the command line."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"temperature\": 0.5}}', got {text!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineArgs:
     """Everything that configures an engine, with vLLM's names and defaults."""
@@ -83,6 +95,8 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     quantization: Optional[str] = None
     enforce_eager: bool = True
+    generation_config: str = "auto"
+    override_generation_config: Optional[dict] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
@@ -109,6 +123,15 @@ class EngineArgs:
             raise ConfigError(f"swap_space must be >= 0 GiB; got {self.swap_space!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1; got {self.max_model_len!r}")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ConfigError(
+                f"generation_config must be 'auto', 'vllm' or a folder path; got {self.generation_config!r}"
+            )
+        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
+            raise ConfigError(
+                "override_generation_config must be a dict (a JSON object on the command line), e.g. "
+                f"{{\"temperature\": 0.5}}; got {self.override_generation_config!r}"
+            )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"quantization {self.quantization!r} is not supported; supported: "
@@ -161,6 +184,15 @@ class EngineArgs:
         group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
         group.add_argument("--quantization", "-q", default=None, choices=[None, *QUANTIZATIONS])
         group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+        group.add_argument(
+            "--generation-config", default="auto",
+            help="request defaults (temperature, top_k, top_p, min_p, repetition_penalty) and the max_new_tokens "
+            "cap from the model's generation_config.json ('auto'), none ('vllm'), or a folder's",
+        )
+        group.add_argument(
+            "--override-generation-config", type=json_object, default=None,
+            help='JSON object of generation-config fields that win over the file\'s, e.g. \'{"temperature": 0.5}\'',
+        )
         return parser
 
     @classmethod

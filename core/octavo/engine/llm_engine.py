@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Iterable, Optional, Union
 
 from octavo.config import EngineArgs
@@ -12,9 +13,11 @@ from octavo.model_executor.loader import load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.platform.facade import Platform
 from octavo.request import RequestStatus
+from octavo.sampling_defaults import load_sampling_defaults
 from octavo.sampling_params import SamplingParams
 
 PromptType = Union[str, list[int], dict]
+logger = logging.getLogger("octavo.engine")
 
 
 class LLMEngine:
@@ -27,6 +30,14 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         eos = self.model_config.eos_token_ids[0] if self.model_config.eos_token_ids else self.tokenizer.eos_token_id
         self.output_processor = OutputProcessor(self.tokenizer, eos, self.model_config.max_model_len)
+        self.sampling_defaults = load_sampling_defaults(
+            self.args.generation_config, self.model_config.generation_config, self.args.override_generation_config
+        )
+        if self.sampling_defaults:
+            logger.info(
+                "requests that leave them unset get the generation config's %s (--generation-config vllm ignores it)",
+                self.sampling_defaults,
+            )
         self._ids = itertools.count()
 
     @classmethod

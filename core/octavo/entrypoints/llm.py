@@ -101,10 +101,14 @@ class LLM:
             raise ValueError("no prompts given")
         return prompts
 
-    @staticmethod
-    def _params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams ``generate`` uses when given none: the library defaults, or the model's
+        generation_config.json recommendations (``generation_config="auto"``, the default)."""
+        return SamplingParams(**self.engine.sampling_defaults)
+
+    def _params_list(self, sampling_params, num_prompts: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * num_prompts
+            return [self.get_default_sampling_params()] * num_prompts
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
         params = list(sampling_params)

@@ -7,11 +7,15 @@ wrong type is a 400, not a guess; unknown fields are ignored, as OpenAI clients 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from types import MappingProxyType
+from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from octavo.sampling_defaults import cap_max_tokens
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
 
 # Fields whose name may start a SamplingParams ValueError, to fill the error's ``param``.
 SAMPLING_FIELDS = frozenset(
@@ -57,24 +61,34 @@ class SamplingRequest(RequestModel):
     cache_salt: Optional[str] = None
     priority: int = 0
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
-        """SamplingParams for this request; raises ValueError naming a bad field."""
+    def sampling_params(
+        self, max_tokens: Optional[int], logprobs: Optional[int], defaults: Mapping[str, Any] = NO_DEFAULTS
+    ) -> SamplingParams:
+        """SamplingParams for this request; raises ValueError naming a bad field.
+
+        ``defaults`` (the generation config's, see octavo.sampling_defaults) fill the fields the
+        request leaves unset, and its ``max_tokens`` caps the output length."""
         if self.cache_salt is not None and not self.cache_salt:
             raise ValueError("cache_salt must be a non-empty string when given")
+
+        def unset_gets_default(field: str, library_default: Any) -> Any:
+            value = getattr(self, field)
+            return defaults.get(field, library_default) if value is None else value
+
         return SamplingParams(
             n=self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            temperature=unset_gets_default("temperature", 1.0),
+            top_p=unset_gets_default("top_p", 1.0),
+            top_k=unset_gets_default("top_k", 0),
+            min_p=unset_gets_default("min_p", 0.0),
             seed=self.seed,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            repetition_penalty=unset_gets_default("repetition_penalty", 1.0),
             logit_bias=self.logit_bias,
             stop=self.stop or None,
             stop_token_ids=tuple(self.stop_token_ids or ()),
-            max_tokens=max_tokens,
+            max_tokens=cap_max_tokens(max_tokens, defaults),
             min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,

@@ -66,6 +66,7 @@ class ServingContext:
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.model_config.max_model_len
         self.vocab_size = engine.engine.model_config.vocab_size
+        self.sampling_defaults = engine.engine.sampling_defaults
         self.capacity = None if config.max_queue_len is None else engine.engine.args.max_num_seqs + config.max_queue_len
         self.num_admitted = 0
 

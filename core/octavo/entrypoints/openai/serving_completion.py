@@ -53,7 +53,7 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     _check_unsupported(body)
     prompts = _prompts(ctx, body.prompt)
     try:
-        params = body.sampling_params(body.max_tokens, body.logprobs)
+        params = body.sampling_params(body.max_tokens, body.logprobs, ctx.sampling_defaults)
     except ValueError as exc:
         raise from_value_error(exc, SAMPLING_FIELDS | {"cache_salt"}) from None
     for prompt in prompts:
