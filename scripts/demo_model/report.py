@@ -98,12 +98,14 @@ def _reproduced(metrics: dict) -> str:
         return ""
     step = check["step"]
     committed = metrics["curve"]["held_out_loss_first_windows"][metrics["curve"]["eval_steps"].index(step)]
+    full = step == metrics["config"]["steps"]
+    run = "a full re-run" if full else f"a re-run of the same schedule stopped after {step} steps"
     return f"""
 
-Checked on {check['date']}: a re-run of the same schedule stopped after {step} steps,
+Checked on {check['date']}: {run},
 `{check['command']}`, gave a held-out loss (first {metrics['config']['eval_windows']} windows) of
 {check['held_out_loss_first_windows']:.6f} at step {step}, against {committed:.6f} in this run's curve
-({check['note']}). A full re-run takes as long as the time above."""
+({check['note']}).{"" if full else " A full re-run takes as long as the time above."}"""
 
 
 def _long_context(metrics: dict) -> str:
