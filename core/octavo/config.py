@@ -59,6 +59,16 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None  # None: the model's own context length
 
 
+def check_quantization(quantization: Optional[str]) -> Optional[str]:
+    """``quantization`` if octavo supports it (None: no quantisation), else a ConfigError."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConfigError(
+            f"quantization {quantization!r} is not supported; supported: "
+            f"{', '.join(QUANTIZATIONS)} (or leave it unset for none)"
+        )
+    return quantization
+
+
 def json_object(text: str) -> dict:
     """An argparse type: a JSON object given on the command line."""
     try:
@@ -132,11 +142,7 @@ class EngineArgs:
                 "override_generation_config must be a dict (a JSON object on the command line), e.g. "
                 f"{{\"temperature\": 0.5}}; got {self.override_generation_config!r}"
             )
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ConfigError(
-                f"quantization {self.quantization!r} is not supported; supported: "
-                f"{', '.join(QUANTIZATIONS)} (or leave it unset for none)"
-            )
+        check_quantization(self.quantization)
 
     @property
     def cache_config(self) -> CacheConfig:

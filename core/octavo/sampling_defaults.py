@@ -9,11 +9,11 @@ instead. Fields of ``override_generation_config`` win over the file's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from octavo.errors import ConfigError
+from octavo.model_executor.model_config import read_json
 from octavo.sampling_params import SamplingParams
 
 GENERATION_CONFIG_FIELDS = {
@@ -44,10 +44,7 @@ def load_sampling_defaults(
                 f"generation_config {generation_config!r} has no generation_config.json; give a folder "
                 "that has one, 'auto' (the model's own) or 'vllm' (ignore it)"
             )
-        try:
-            source = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        source = read_json(path)
     source.update(override or {})
     defaults = {ours: source[theirs] for theirs, ours in GENERATION_CONFIG_FIELDS.items() if source.get(theirs) is not None}
     try:

@@ -8,9 +8,10 @@ from typing import Iterator, Optional, Union
 import torch
 from torch import nn
 
+from octavo.config import check_quantization
 from octavo.errors import ConfigError
 from octavo.model_executor.model_config import ModelConfig, read_json, resolve_model_folder
-from octavo.models.layers.fp8 import check_quantization, quantize_model
+from octavo.models.layers.fp8 import quantize_model
 from octavo.models.layers.linear import TPGroup
 from octavo.platform.facade import Platform
 

@@ -15,27 +15,16 @@ from typing import Optional
 import torch
 from torch import nn
 
-from octavo.config import QUANTIZATIONS
+from octavo.config import check_quantization
 from octavo.errors import ConfigError
 from octavo.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from octavo.platform.facade import Platform
 from octavo.platform.types import ScaledMMFn
 
-SUPPORTED_QUANTIZATION = QUANTIZATIONS
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 """The smallest scale: an all-zero row (or channel) still gets a usable, finite one."""
-
-
-def check_quantization(quantization: Optional[str]) -> Optional[str]:
-    """``quantization`` if octavo supports it (None: no quantisation), else a ConfigError."""
-    if quantization is not None and quantization not in SUPPORTED_QUANTIZATION:
-        raise ConfigError(
-            f"quantization {quantization!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_QUANTIZATION)} (or leave it unset for none)"
-        )
-    return quantization
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
