@@ -15,6 +15,7 @@ from octavo.engine.async_engine import AsyncEngine, EngineDeadError
 from octavo.engine.llm_engine import LLMEngine
 from octavo.sampling_params import RequestOutputKind
 
+from engine_gate import EngineGate  # noqa: E402  (tests/server/engine_gate.py)
 from server_constants import ENGINE_DEFAULTS  # noqa: E402  (tests/server/conftest.py)
 
 
@@ -56,14 +57,20 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
         return text, token_ids, num_outputs
 
     async def cancelled() -> None:
+        # The engine is held in the request's 2nd step (as by a hung device) until the cancel has
+        # sent its abort, so the request cannot finish first however fast the machine is.
         long = SamplingParams(max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        first = asyncio.Event()
+
         async def consume():
             async for _ in async_engine.generate("b", "the cat", long):
-                pass
-        task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.1)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+                first.set()
+
+        with EngineGate(async_engine.engine, passes=1):
+            task = asyncio.ensure_future(consume())
+            await asyncio.wait_for(first.wait(), 30)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # the generator sent its abort on the way out
 
     async def main():
         async_engine.start()
@@ -80,6 +87,8 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
         assert time.monotonic() < deadline, "the cancelled request was not aborted"
         time.sleep(0.01)
     assert async_engine.metrics.requests.labels("aborted")._value.get() == 1
+    assert async_engine.metrics.requests.labels("finished")._value.get() == 1  # "a" only
+    assert async_engine.metrics.tokens_generated._value.get() <= 12 + 2, "the abort landed right after the held step"
 
 
 def test_bad_prompt_is_refused_and_the_loop_lives_on(async_engine):
@@ -99,12 +108,16 @@ def test_shutdown_fails_requests_in_flight(async_engine):
     async def main():
         async_engine.start()
         params = SamplingParams(max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-        generator = async_engine.generate("long", "the dog", params)
-        await generator.__anext__()
-        await asyncio.to_thread(async_engine.shutdown)
+        # Held in the request's 2nd step until shutdown has been asked, so it is in flight then
+        # however fast the machine is; timeout=0: ask, and do not wait for the held thread.
+        with EngineGate(async_engine.engine, passes=1):
+            generator = async_engine.generate("long", "the dog", params)
+            await generator.__anext__()
+            async_engine.shutdown(timeout=0)
         with pytest.raises(EngineDeadError, match="shut down"):
             async for _ in generator:
                 pass
+        await asyncio.to_thread(async_engine.shutdown)  # wait for the thread to end
         with pytest.raises(EngineDeadError):
             await async_engine.generate("late", "x", params).__anext__()
 
