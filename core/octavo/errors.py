@@ -11,3 +11,14 @@ class PlatformError(RuntimeError):
 
 class KernelNotAvailableError(PlatformError):
     """A platform was asked for a kernel it does not (yet) provide."""
+
+
+class RequestError(RuntimeError):
+    """Something failed for these requests only (in the step, or while building their output).
+
+    The engine fails ``request_ids`` with ``finish_reason="error"`` and keeps serving the rest; an
+    error no request can be blamed for still stops the engine."""
+
+    def __init__(self, request_ids, message: str) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)

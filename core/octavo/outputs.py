@@ -48,7 +48,8 @@ class CompletionOutput:
     """One of a request's ``n`` samples.
 
     ``finish_reason`` is ``"stop"`` (EOS, a stop token or a stop string), ``"length"``
-    (``max_tokens`` or the model's length) or ``"abort"``, and None while it runs.
+    (``max_tokens`` or the model's length), ``"abort"`` or ``"error"`` (the engine failed it; see
+    ``RequestOutput.error``), and None while it runs.
     ``stop_reason`` is the stop string or stop token id that ended it, None for EOS or length.
     ``cumulative_logprob`` and ``logprobs`` are None unless ``SamplingParams.logprobs`` is set.
     In delta mode ``text``, ``token_ids`` and ``logprobs`` hold only what is new since the
@@ -74,7 +75,8 @@ class RequestOutput:
 
     ``outputs`` holds one CompletionOutput per sample, ordered by ``index``; in delta mode only
     the samples that produced something new are present. ``finished`` is True once every sample
-    has finished.
+    has finished. ``error`` says why the engine failed the request (its samples that failed
+    have ``finish_reason == "error"``); other requests are not affected.
     """
 
     request_id: str
@@ -84,3 +86,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: Optional[RequestMetrics] = None
+    error: Optional[str] = None

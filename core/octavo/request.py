@@ -29,6 +29,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = 5
     FINISHED_ABORTED = 6
     FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8
 
     @property
     def is_finished(self) -> bool:

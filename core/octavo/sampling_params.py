@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import math
+import re
 from typing import Any, Optional, Union
 
+logger = logging.getLogger(__name__)
+
+# The bounds of each request field, shared with the server's request models (which publish them
+# in /openapi.json): a value outside them is refused where it is parsed, never in the step.
 MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_TOP_K = 2**31 - 1  # samplers hold top_k as int32; the engine clamps it to the vocabulary
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_TEMPERATURE = 3.4e38  # the largest float32: the step divides logits by it in float32
+MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to it, as vLLM does
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 1e2  # beyond, float32 logits overflow
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
+MAX_LOGIT_BIAS = 100.0
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,20}")
 
 
 class RequestOutputKind(enum.Enum):
@@ -82,6 +97,10 @@ class SamplingParams:
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self._validate_sampling()
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            logger.warning("temperature %s is below %s, where float32 logits overflow; using %s",
+                           self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         self._validate_lengths_and_outputs()
 
     def _normalised_logit_bias(self) -> dict[int, float]:
@@ -89,22 +108,31 @@ class SamplingParams:
         _require(isinstance(self.logit_bias, dict), "logit_bias", f"must be a dict of token id -> bias, got {self.logit_bias!r}")
         biases = {}
         for token_id, bias in self.logit_bias.items():
-            ok = _is_int(token_id) or (isinstance(token_id, str) and token_id.isdigit())
+            ok = _is_int(token_id) or (isinstance(token_id, str) and _TOKEN_ID_KEY.fullmatch(token_id) is not None)
             _require(ok and int(token_id) >= 0, "logit_bias", f"keys must be token ids >= 0, got {token_id!r}")
-            _require(_is_real(bias) and -100 <= bias <= 100, "logit_bias", f"values must be in [-100, 100], got {bias!r} for token {token_id}")
+            _require(_is_real(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, "logit_bias", f"values must be in [-100, 100], got {bias!r} for token {token_id}")
             biases[int(token_id)] = float(bias)
         return biases
 
     def _validate_sampling(self) -> None:
         _require(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
-        _require(_is_real(self.temperature) and self.temperature >= 0, "temperature", f"must be >= 0 (0 is greedy), got {self.temperature!r}")
+        _require(_is_real(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+                 f"must be in [0, {MAX_TEMPERATURE:g}] (0 is greedy), got {self.temperature!r}")
         _require(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", f"must be an integer >= 0 (0 or -1 disables it), got {self.top_k!r}")
+        _require(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k",
+                 f"must be an integer in [1, {MAX_TOP_K}], or 0 or -1 to disable it, got {self.top_k!r}")
         _require(_is_real(self.min_p) and 0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
-        _require(_is_real(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
-        _require(_is_real(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
-        _require(_is_real(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", f"must be > 0 (1 disables it), got {self.repetition_penalty!r}")
-        _require(self.seed is None or _is_int(self.seed), "seed", f"must be an integer or None, got {self.seed!r}")
+        for field in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, field)
+            _require(_is_real(value) and -MAX_PENALTY <= value <= MAX_PENALTY, field, f"must be in [-2, 2], got {value!r}")
+        _require(
+            _is_real(self.repetition_penalty)
+            and MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+            "repetition_penalty",
+            f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}] (1 disables it), got {self.repetition_penalty!r}",
+        )
+        _require(self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX), "seed",
+                 f"must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, got {self.seed!r}")
 
     def _validate_lengths_and_outputs(self) -> None:
         _require(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens", f"must be an integer >= 1 or None, got {self.max_tokens!r}")

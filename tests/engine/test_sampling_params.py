@@ -34,6 +34,14 @@ def test_boundary_values_are_accepted():
     SamplingParams(n=MAX_N, temperature=0, top_p=1, top_k=1, min_p=1, presence_penalty=-2, frequency_penalty=2)
     SamplingParams(repetition_penalty=0.01, max_tokens=1, min_tokens=1, logprobs=0, prompt_logprobs=MAX_LOGPROBS)
     SamplingParams(max_tokens=None, min_tokens=1000, seed=0, logit_bias={0: -100, 1: 100})
+    SamplingParams(seed=-(2**63), top_k=2**31 - 1, repetition_penalty=100, temperature=3.4e38)
+    SamplingParams(seed=2**64 - 1)  # every seed torch.Generator.manual_seed takes
+
+
+def test_tiny_temperatures_are_raised_to_one_hundredth_as_in_vllm():
+    # 1e-45 is 0 in float32: dividing logits by it gave NaN inside the shared step.
+    assert SamplingParams(temperature=1e-45).temperature == 0.01
+    assert SamplingParams(temperature=0.5).temperature == 0.5
 
 
 # (kwargs, field named first in the message, the allowed range the message must state)
@@ -42,19 +50,25 @@ INVALID = [
     (dict(n=MAX_N + 1), "n", f"[1, {MAX_N}]"),
     (dict(n=2.0), "n", f"[1, {MAX_N}]"),
     (dict(n=True), "n", f"[1, {MAX_N}]"),
-    (dict(temperature=-0.1), "temperature", ">= 0"),
-    (dict(temperature=float("nan")), "temperature", ">= 0"),
-    (dict(temperature="hot"), "temperature", ">= 0"),
+    (dict(temperature=-0.1), "temperature", "[0, 3.4e+38]"),
+    (dict(temperature=float("nan")), "temperature", "[0, 3.4e+38]"),
+    (dict(temperature="hot"), "temperature", "[0, 3.4e+38]"),
+    (dict(temperature=1e39), "temperature", "[0, 3.4e+38]"),
     (dict(top_p=0), "top_p", "(0, 1]"),
     (dict(top_p=1.01), "top_p", "(0, 1]"),
-    (dict(top_k=-2), "top_k", ">= 0"),
-    (dict(top_k=1.5), "top_k", ">= 0"),
+    (dict(top_k=-2), "top_k", "[1, 2147483647], or 0 or -1"),
+    (dict(top_k=1.5), "top_k", "[1, 2147483647], or 0 or -1"),
+    (dict(top_k=2**31), "top_k", "[1, 2147483647], or 0 or -1"),
     (dict(min_p=-0.01), "min_p", "[0, 1]"),
     (dict(min_p=1.5), "min_p", "[0, 1]"),
     (dict(presence_penalty=2.5), "presence_penalty", "[-2, 2]"),
     (dict(frequency_penalty=-2.5), "frequency_penalty", "[-2, 2]"),
-    (dict(repetition_penalty=0), "repetition_penalty", "> 0"),
+    (dict(repetition_penalty=0), "repetition_penalty", "[0.01, 100]"),
+    (dict(repetition_penalty=1e-300), "repetition_penalty", "[0.01, 100]"),
+    (dict(repetition_penalty=1e3), "repetition_penalty", "[0.01, 100]"),
     (dict(seed=1.5), "seed", "integer"),
+    (dict(seed=2**64), "seed", f"[{-(2**63)}, {2**64 - 1}]"),
+    (dict(seed=-(2**63) - 1), "seed", f"[{-(2**63)}, {2**64 - 1}]"),
     (dict(max_tokens=0), "max_tokens", ">= 1"),
     (dict(max_tokens=3.0), "max_tokens", ">= 1"),
     (dict(min_tokens=-1), "min_tokens", ">= 0"),
@@ -71,6 +85,7 @@ INVALID = [
     (dict(logit_bias={1: float("inf")}), "logit_bias", "[-100, 100]"),
     (dict(logit_bias={-1: 1}), "logit_bias", ">= 0"),
     (dict(logit_bias={"x": 1}), "logit_bias", ">= 0"),
+    (dict(logit_bias={"\u00b2": 1}), "logit_bias", ">= 0"),  # isdigit() but no token id
     (dict(logit_bias=[1, 2]), "logit_bias", "dict"),
     (dict(output_kind="delta"), "output_kind", "DELTA"),
 ]

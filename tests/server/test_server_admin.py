@@ -13,7 +13,15 @@ import pytest
 from octavo import SamplingParams
 from octavo.entrypoints.openai.serving_common import ServerConfig
 
+from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
 from server_constants import MODEL_NAME  # noqa: E402  (tests/server/conftest.py)
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
 
 
 def test_api_key_required_on_api_routes(server_factory):
@@ -37,17 +45,22 @@ def test_queue_limit_answers_503_with_retry_after(server_factory):
     config = ServerConfig(served_model_name=MODEL_NAME, max_queue_len=1, log_requests=False)
     server = server_factory(config, max_num_seqs=1)
     body = {"prompt": "once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+    # The engine is held in its first step until both streams are given up, so neither can
+    # finish (and free its room) first, however fast the machine is.
+    with httpx.Client(base_url=server.base_url, timeout=60) as http, EngineGate(server.engine):
         with http.stream("POST", "/v1/completions", json=body) as first, http.stream("POST", "/v1/completions", json=body) as second:
             assert first.status_code == 200 and second.status_code == 200
             third = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
             assert third.status_code == 503 and third.headers["retry-after"] == "1"
             assert third.json()["error"]["code"] == "queue_full"
-        server.wait_idle()
+        wait_for(lambda: serving_context(server).num_admitted == 0)  # both streams closed: both aborts sent
+    server.wait_idle()
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
         assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
     metrics = server.metrics()
     assert metrics['octavo_requests_total{status="rejected"}'] == 1
     assert metrics['octavo_requests_total{status="aborted"}'] == 2
+    assert metrics['octavo_requests_total{status="finished"}'] == 1  # the last "hi"
 
 
 def test_preemption_under_a_small_kv_cache_keeps_greedy_output(server_factory, offline):
@@ -55,6 +68,14 @@ def test_preemption_under_a_small_kv_cache_keeps_greedy_output(server_factory, o
     prompts = [f"story number {i} once upon a time" for i in range(8)]
     params = dict(max_tokens=90, temperature=0, ignore_eos=True)
     expected = [o.outputs[0].text for o in offline.generate(prompts, SamplingParams(**params), use_tqdm=False)]
+
+    def hold(_: int) -> bool:
+        # Until all 8 are in the engine, the early ones step only when a command waits (at most
+        # one step per request): they run together and outgrow the cache, however the arrivals
+        # spread against the machine's speed.
+        if len(requests_in_engine(server.engine)) == len(prompts):
+            gate.release()
+        return not pending_commands(server.async_engine)
 
     async def main():
         async with server.async_client() as client:
@@ -64,30 +85,76 @@ def test_preemption_under_a_small_kv_cache_keeps_greedy_output(server_factory, o
             ))
         return [r.choices[0].text for r in responses]
 
-    assert asyncio.run(main()) == expected
+    with EngineGate(server.engine, hold=hold) as gate:
+        assert asyncio.run(main()) == expected
     server.wait_idle()
     assert server.metrics()["octavo_num_requests_preempted_total"] > 0
 
 
-def test_ready_fails_when_the_engine_stalls_while_health_stays_up(server_factory, monkeypatch):
-    server = server_factory(ServerConfig(served_model_name=MODEL_NAME, ready_timeout=0.5, log_requests=False))
-    runner = server.engine.core.runner
-    execute = runner.execute_model
-
-    def stalled(scheduler_output):
-        time.sleep(1.5)  # a hung device: steps stop coming back in time
-        return execute(scheduler_output)
-
+def test_ready_fails_when_the_engine_stalls_while_health_stays_up(server_factory):
+    # ready_timeout bounds one greedy step of a warm engine (ms): a generous deadline, not a bet;
+    # the stall is a held forward, so the stuck probe cannot beat its timeout however fast the
+    # machine is.
+    server = server_factory(ServerConfig(served_model_name=MODEL_NAME, ready_timeout=2.0, log_requests=False))
+    server.client().completions.create(model=MODEL_NAME, prompt="hi", max_tokens=1)  # the first step may compile kernels
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         assert http.get("/health/ready").status_code == 200
-        monkeypatch.setattr(runner, "execute_model", stalled)
-        stuck = http.get("/health/ready")
-        assert stuck.status_code == 503 and stuck.json()["error"]["code"] == "not_ready"
-        assert http.get("/health").status_code == 200
-        monkeypatch.setattr(runner, "execute_model", execute)
+        with EngineGate(server.engine):  # a hung device: the probe's step does not come back until released
+            stuck = http.get("/health/ready")
+            assert stuck.status_code == 503 and stuck.json()["error"]["code"] == "not_ready"
+            assert http.get("/health").status_code == 200
         server.wait_idle()  # the timed-out probe was aborted
         assert http.get("/health/ready").status_code == 200
     assert server.metrics()['octavo_requests_total{status="aborted"}'] == 0, "probes are not counted"
+
+
+def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_their_text(
+    server_factory, offline, monkeypatch
+):
+    from octavo.model_executor import logits_processors
+
+    server = server_factory()
+    original = logits_processors.SamplingPenalties._apply
+
+    def fault_for_one_request(self, row_logits, params, batch, row):
+        if params.repetition_penalty == 1.25:
+            raise RuntimeError("simulated fault in one request's penalties")
+        return original(self, row_logits, params, batch, row)
+
+    monkeypatch.setattr(logits_processors.SamplingPenalties, "_apply", fault_for_one_request)
+    prompts = ["once upon a time", "the little dog"]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    expected = [o.outputs[0].text for o in offline.generate(prompts, params, use_tqdm=False)]
+    body = {"max_tokens": 40, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+    async def run():
+        client = server.async_client()
+        with EngineGate(server.engine, passes=2) as gate:  # both streams are mid-decode
+            streams = [await client.completions.create(model=MODEL_NAME, prompt=p, stream=True, **body) for p in prompts]
+            texts = [[] for _ in prompts]
+
+            async def read(i):
+                async for chunk in streams[i]:
+                    texts[i].append(chunk.choices[0].text if chunk.choices else "")
+
+            readers = [asyncio.ensure_future(read(i)) for i in range(len(prompts))]
+            await asyncio.to_thread(gate.wait_held)
+            bad = asyncio.ensure_future(client.completions.create(
+                model=MODEL_NAME, prompt="hi", max_tokens=4, extra_body={"repetition_penalty": 1.25}))
+            await asyncio.to_thread(wait_for, lambda: pending_commands(server.async_engine) >= 1)
+        with pytest.raises(openai.InternalServerError) as failed:
+            await bad
+        await asyncio.gather(*readers)
+        return failed.value, ["".join(t) for t in texts]
+
+    failed, texts = asyncio.run(run())
+    assert failed.status_code == 500 and failed.body["code"] == "request_failed"
+    assert "simulated fault" in failed.body["message"]
+    assert texts == expected
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        assert http.get("/health").status_code == 200
+    assert server.metrics()['octavo_requests_total{status="failed"}'] == 1
+    server.wait_idle()
 
 
 def test_health_503_after_the_engine_loop_dies(server_factory, monkeypatch):

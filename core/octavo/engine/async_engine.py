@@ -4,8 +4,10 @@ Requests go in through a thread-safe command queue; the engine thread blocks on 
 (no spinning), and otherwise drains it between steps. Each request has an ``asyncio.Queue`` of
 outputs; one step's outputs reach the event loop in a single ``call_soon_threadsafe`` callback.
 A consumer that stops listening (a client gone) aborts its request, which frees its KV blocks.
-If a step raises, the thread records the error, fails every request in flight and exits;
-``is_alive`` turns False (``/health`` answers 503).
+A request the engine fails on its own (``RequestOutput.error``: a step or its output failed for
+it alone) ends with a ``RequestError`` while the others go on. If a step raises anything else,
+the thread records the error, fails every request in flight and exits; ``is_alive`` turns False
+(``/health`` answers 503).
 
 Why a thread rather than a process: a thread hands outputs to the event loop without
 serialising them, and the model's forward runs in torch kernels that release the GIL. The cost is
@@ -25,6 +27,7 @@ import time
 from typing import AsyncIterator, Optional, Union
 
 from octavo.engine.llm_engine import LLMEngine, PromptType
+from octavo.errors import RequestError
 from octavo.metrics import EngineMetrics
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -121,7 +124,8 @@ class AsyncEngine:
         """Run one request; yield its RequestOutputs until the finished one.
 
         Leaving early (the consumer is cancelled or closes the iterator) aborts the request.
-        Raises ValueError for a request the engine refuses, EngineDeadError if the loop dies.
+        Raises ValueError for a request the engine refuses, RequestError if the engine failed
+        this request alone, EngineDeadError if the loop dies.
         """
         stream = _Stream(asyncio.Queue(), record_metrics)
         command = _AddCommand(request_id, prompt, params, priority, cache_salt, time.time(), stream)
@@ -210,9 +214,12 @@ class AsyncEngine:
                 stream.num_generation_tokens = total
             if output.finished:
                 del self._streams[output.request_id]
-                if stream.record_metrics:
+                if stream.record_metrics and output.error is not None:
+                    self.metrics.on_request_failed()
+                elif stream.record_metrics:
                     self.metrics.on_request_finished(output)
-            items.append((stream.outputs, output))
+            failed = output.finished and output.error is not None
+            items.append((stream.outputs, RequestError([output.request_id], output.error) if failed else output))
         for request_id in aborted or ():
             self._streams.pop(request_id, None)  # aborted before it produced anything
         self._send(items)

@@ -28,6 +28,13 @@ class BatchDeltaBuilder:
             self._finished.add(request_id)
         self._resumed.discard(request_id)
 
+    def forget_all(self) -> None:
+        """The workers' copies can no longer be trusted (a step failed part-way): every request
+        they hold is dropped there with the next step and sent again in full when scheduled."""
+        self._finished.update(self._num_sent_blocks)
+        self._num_sent_blocks.clear()
+        self._resumed.clear()
+
     def build(self, scheduled: list[Request], num_scheduled_tokens: dict[str, int]) -> SchedulerOutput:
         """The step's SchedulerOutput; call before advancing ``num_computed_tokens``."""
         kv = self.kv_cache_manager

@@ -10,6 +10,8 @@ from octavo.config import EngineArgs
 from octavo.engine.logprobs import StepLogprobs
 from octavo.engine.output_processor import EngineCoreOutput
 from octavo.engine.scheduler import Scheduler
+from octavo.engine.stop_checker import FinishReason
+from octavo.errors import RequestError
 from octavo.kv_cache.manager import KVCacheManager
 from octavo.kv_cache.sizing import KVCacheSizing, plan_kv_cache
 from octavo.model_executor.model_config import ModelConfig
@@ -113,9 +115,12 @@ class EngineCore:
         vocab_size = self.model_config.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab_size}) for this model")
-        for token_id in list(params.logit_bias or ()) + list(params.stop_token_ids):
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(f"token id {token_id} in logit_bias or stop_token_ids is outside the vocabulary [0, {vocab_size})")
+        for field, token_ids in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids)):
+            outside = [t for t in token_ids if not 0 <= t < vocab_size]
+            if outside:
+                raise ValueError(f"{field} has token id {outside[0]} outside the vocabulary [0, {vocab_size}) of this model")
+        if params.top_k > vocab_size:  # top-k over more tokens than exist keeps them all
+            params = dataclasses.replace(params, top_k=0)
         return Request(request_id, prompt_token_ids, params, block_hasher=self.kv_cache_manager.block_hasher, **kwargs)
 
     def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:
@@ -134,8 +139,19 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0 and not scheduler_output.finished_req_ids:
             return []
-        runner_output = self.runner.execute_model(scheduler_output)
+        try:
+            runner_output = self.runner.execute_model(scheduler_output)
+        except RequestError as exc:
+            return self._fail_step(exc)
         return self._update(runner_output)
+
+    def _fail_step(self, error: RequestError) -> list[EngineCoreOutput]:
+        """A step failed for some requests: end those with an error, restart the others."""
+        failed = [r for r in error.request_ids if r in self.scheduler.requests]
+        logger.warning("a step failed for request(s) %s; the others restart: %s", failed, error)
+        self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        self.scheduler.restart_after_failed_step()
+        return [EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=str(error)) for r in failed]
 
     def _update(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         sampled: dict[str, list[int]] = {}

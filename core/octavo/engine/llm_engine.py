@@ -113,4 +113,6 @@ class LLMEngine:
         processed = self.output_processor.process_outputs(self.core.step())
         if processed.reqs_to_abort:
             self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        if processed.reqs_failed:
+            self.core.finish_requests(processed.reqs_failed, RequestStatus.FINISHED_ERROR)
         return processed.request_outputs

@@ -17,7 +17,7 @@ from octavo.engine.logprobs import StepLogprobs, build_logprob_dicts
 from octavo.engine.request_state import RequestState
 from octavo.engine.stop_checker import FinishReason, StopChecker, StopReason
 from octavo.outputs import PromptLogprobs, RequestMetrics, RequestOutput
-from octavo.sampling_params import RequestOutputKind, SamplingParams
+from octavo.sampling_params import SEED_MAX, RequestOutputKind, SamplingParams
 
 
 @dataclasses.dataclass(slots=True)
@@ -27,8 +27,8 @@ class EngineCoreOutput:
     ``new_logprobs`` has one row per new token when the request asked for logprobs;
     ``new_prompt_logprobs`` one row per newly computed prompt position after the first (for
     n > 1, reported on the child with index 0). ``finish_reason`` is set when the core itself
-    ended the request (an abort, or the model's length); the core may also leave every stop
-    check to the processor.
+    ended the request (an abort, the model's length, or an ``error``, described by ``error``);
+    the core may also leave every stop check to the processor.
     """
 
     request_id: str
@@ -37,6 +37,7 @@ class EngineCoreOutput:
     new_prompt_logprobs: Optional[StepLogprobs] = None
     finish_reason: Optional[FinishReason] = None
     stop_reason: StopReason = None
+    error: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,10 +57,12 @@ class ChildRequest:
 
 @dataclasses.dataclass(slots=True)
 class ProcessedOutputs:
-    """One call's results: outputs for users, and engine requests the core must now free."""
+    """One call's results: outputs for users, and engine requests the core must now free
+    (``reqs_to_abort``: finished here; ``reqs_failed``: their output could not be built)."""
 
     request_outputs: list[RequestOutput]
     reqs_to_abort: list[str]
+    reqs_failed: list[str] = dataclasses.field(default_factory=list)
 
 
 class ParentRequest:
@@ -76,6 +79,7 @@ class ParentRequest:
         self.prompt_logprobs: Optional[PromptLogprobs] = [None] if params.prompt_logprobs is not None else None
         self._num_sent_prompt_logprobs = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.error: Optional[str] = None  # why the engine failed a sample, if it did
 
     @property
     def finished(self) -> bool:
@@ -112,6 +116,7 @@ class ParentRequest:
             outputs=[child.completion_output() for child in children],
             finished=finished,
             metrics=self.metrics,
+            error=self.error,
         )
 
 
@@ -184,25 +189,40 @@ class OutputProcessor:
         """Apply one step's deltas; return RequestOutputs and the engine requests to free."""
         now = time.time()
         touched: dict[str, ParentRequest] = {}
-        reqs_to_abort: list[str] = []
+        processed = ProcessedOutputs([], [])
         for core_output in core_outputs:
             state = self._states.get(core_output.request_id)
             if state is None:
                 continue  # aborted or finished earlier; the core may still report it once
             parent = self._parent_of[core_output.request_id]
-            num_kept = state.append_tokens(core_output.new_token_ids, core_output.new_logprobs)
-            if core_output.new_prompt_logprobs is not None and state.index == 0:
-                parent.add_prompt_logprobs(core_output.new_prompt_logprobs, self._adapter)
-            if core_output.finish_reason is not None:
-                if not state.finished:
-                    state.finish(core_output.finish_reason, core_output.stop_reason)
-            elif state.finished:
-                reqs_to_abort.append(core_output.request_id)
-            _update_metrics(parent.metrics, num_kept, now)
+            try:
+                self._process_one(core_output, state, parent, processed, now)
+            except Exception as exc:  # noqa: BLE001 - its detokenizer or logprobs: fail it alone
+                if state.finish_reason != FinishReason.ERROR:
+                    parent.error = f"cannot build the output: {type(exc).__name__}: {exc}"
+                    state.fail()
+                processed.reqs_failed.append(core_output.request_id)
             touched[parent.request_id] = parent
             if state.finished:
                 self._forget_state(state.request_id)
-        return ProcessedOutputs(self._collect(touched.values(), now), reqs_to_abort)
+        processed.request_outputs = self._collect(touched.values(), now)
+        return processed
+
+    def _process_one(
+        self, core_output: EngineCoreOutput, state: RequestState, parent: ParentRequest,
+        processed: ProcessedOutputs, now: float,
+    ) -> None:
+        if core_output.error is not None:
+            parent.error = core_output.error
+        num_kept = state.append_tokens(core_output.new_token_ids, core_output.new_logprobs)
+        if core_output.new_prompt_logprobs is not None and state.index == 0:
+            parent.add_prompt_logprobs(core_output.new_prompt_logprobs, self._adapter)
+        if core_output.finish_reason is not None:
+            if not state.finished:
+                state.finish(core_output.finish_reason, core_output.stop_reason)
+        elif state.finished:
+            processed.reqs_to_abort.append(core_output.request_id)
+        _update_metrics(parent.metrics, num_kept, now)
 
     def abort_requests(self, request_ids: Iterable[str]) -> ProcessedOutputs:
         """Abort user requests: their final outputs (finish_reason "abort") and the engine
@@ -243,10 +263,15 @@ def _child_requests(request_id: str, params: SamplingParams) -> list[ChildReques
         return [ChildRequest(request_id, request_id, 0, params)]
     children = []
     for index in range(params.n):
-        seed = None if params.seed is None else params.seed + index
+        seed = None if params.seed is None else _wrap_seed(params.seed + index)
         child_params = dataclasses.replace(params, n=1, seed=seed)
         children.append(ChildRequest(f"{index}_{request_id}", request_id, index, child_params))
     return children
+
+
+def _wrap_seed(seed: int) -> int:
+    """``seed`` brought back into the generator's range (a sample's seed is the request's + index)."""
+    return seed - 2**64 if seed > SEED_MAX else seed
 
 
 def _update_metrics(metrics: RequestMetrics, num_new_tokens: int, now: float) -> None:

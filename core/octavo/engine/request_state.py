@@ -121,11 +121,19 @@ class RequestState:
         """End the sample: release held text (unless a stop string cut it) and set the reason."""
         assert not self.finished, f"{self.request_id} finished twice"
         reason = FinishReason(reason)  # the core may pass the plain string
+        if reason == FinishReason.ERROR:
+            self.fail()
+            return
         self.finish_reason, self.stop_reason = reason, stop_reason
         if self.detokenizer is not None and not (reason == FinishReason.STOP and isinstance(stop_reason, str)):
             tail = self._held_text + self.detokenizer.flush()
             self._commit(tail[len(self._held_text) :] if self.stop_checker.include_stop_str_in_output else tail)
         self._held_text = ""
+
+    def fail(self) -> None:
+        """End the sample with an error, keeping the text committed so far (nothing is flushed:
+        the detokenizer may be what failed)."""
+        self.finish_reason, self.stop_reason, self._held_text = FinishReason.ERROR, None, ""
 
     def text(self) -> str:
         """All committed text so far."""

@@ -194,6 +194,20 @@ class Scheduler:
         stats.num_scheduled_tokens = sum(plan.num_scheduled_tokens.values())
         stats.num_steps += 1
 
+    def restart_after_failed_step(self) -> None:
+        """Undo a step that failed part-way: every request holding KV blocks is preempted to be
+        recomputed (lossless: it keeps its output tokens), the workers forget every request, and
+        the prefix cache forgets blocks the step may have published without computing them."""
+        for request in reversed(self.running + self.swapped):
+            self.kv_cache_manager.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.PREEMPTED
+            self.waiting.prepend(request)
+        self.running.clear()
+        self.swapped.clear()
+        self.deltas.forget_all()
+        self.kv_cache_manager.reset_prefix_cache()
+
     # --- after the step ---------------------------------------------------------------------
 
     def update_from_output(self, sampled_token_ids: dict[str, list[int]]) -> None:

@@ -14,6 +14,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"  # the engine failed this request (see RequestOutput.error)
 
 
 StopReason = Union[int, str, None]

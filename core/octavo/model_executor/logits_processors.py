@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from octavo.errors import RequestError
 from octavo.model_executor.input_batch import CachedRequestState, InputBatch
 from octavo.sampling_params import SamplingParams
 
@@ -35,7 +36,10 @@ class SamplingPenalties:
         for i, row in enumerate(rows.tolist()):
             state = self.requests[req_ids[row]]
             if needs_processing(state.sampling_params):
-                self._apply(logits[i], state.sampling_params, batch, row)
+                try:
+                    self._apply(logits[i], state.sampling_params, batch, row)
+                except Exception as exc:  # noqa: BLE001 - one request's parameters: fail it alone
+                    raise RequestError([state.req_id], f"cannot apply its penalties: {type(exc).__name__}: {exc}") from exc
         return logits
 
     def _apply(self, row_logits: torch.Tensor, params: SamplingParams, batch: InputBatch, row: int) -> None:

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from octavo.errors import ConfigError
+from octavo.errors import ConfigError, RequestError
 from octavo.kv_cache.transfers import TransferKind, apply_block_transfers
 from octavo.model_executor.input_batch import CachedRequestState, InputBatch
 from octavo.model_executor.loader import load_model
@@ -180,14 +180,14 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's deltas to the request states and the persistent batch."""
         batch = self.input_batch
+        new_states = self._new_request_states(so.scheduled_new_reqs)
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
         for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
             batch.remove_request(req_id)  # idle this step (e.g. preempted): keep its state only
-        for new in so.scheduled_new_reqs:
-            state = CachedRequestState.from_new(new, self.device)
-            self.requests[new.req_id] = state
+        for state in new_states:
+            self.requests[state.req_id] = state
             batch.add_request(state)
         rows, num_computed = [], []
         for cached in so.scheduled_cached_reqs:
@@ -216,6 +216,19 @@ class ModelRunner:
                 batch.append_token_ids(row, cached.new_token_ids)
         batch.num_computed_tokens[rows] = num_computed
         batch.condense()
+
+    def _new_request_states(self, new_reqs: list[NewRequestData]) -> list[CachedRequestState]:
+        """The runner's states for newly scheduled requests, built before anything changes so that
+        a request whose state cannot be built fails alone (a RequestError naming it)."""
+        states, failed = [], {}
+        for new in new_reqs:
+            try:
+                states.append(CachedRequestState.from_new(new, self.device))
+            except Exception as exc:  # noqa: BLE001 - whatever it is, it is this request's
+                failed[new.req_id] = f"{type(exc).__name__}: {exc}"
+        if failed:
+            raise RequestError(failed, f"cannot set up the request(s) for sampling: {failed}")
+        return states
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         """Gather the flat batch with array operations (no per-token Python loop)."""
@@ -283,11 +296,20 @@ class ModelRunner:
             sampled = self.sampler(logits, batch.sampling_metadata(rows))
             row_logprobs = compute_logprobs(raw_logits, sampled, num_logprobs)
             tokens = sampled.cpu().numpy()  # the step's one device sync
+            self._check_sampled(rows, tokens, logits.shape[-1])
             self._record_sampled(rows, tokens)
             for i, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist())):
                 sampled_token_ids[row] = [token]
                 logprobs[row] = row_logprobs[i]
         return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids, logprobs)
+
+    def _check_sampled(self, rows: np.ndarray, tokens: np.ndarray, vocab_size: int) -> None:
+        """A RequestError for the rows whose sampled token is no token (their logits were not
+        finite), before anything records it."""
+        bad = (tokens < 0) | (tokens >= vocab_size)
+        if bad.any():
+            req_ids = [self.input_batch.req_ids[row] for row in rows[bad].tolist()]
+            raise RequestError(req_ids, f"the sampler returned no valid token for {req_ids} (non-finite logits?)")
 
     def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Append each sampled token to its request (batch row and state)."""

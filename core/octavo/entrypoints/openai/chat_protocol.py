@@ -7,8 +7,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from octavo.entrypoints.openai.protocol import RequestModel, ResponseModel, SamplingRequest, UsageInfo
-from octavo.sampling_params import MAX_LOGPROBS
+from octavo.entrypoints.openai.protocol import NumLogprobs, RequestModel, ResponseModel, SamplingRequest, UsageInfo
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -43,10 +42,10 @@ class ChatCompletionRequest(SamplingRequest):
     """The body of POST /v1/chat/completions."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: Optional[int] = None
-    max_tokens: Optional[int] = None  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI for max_completion_tokens
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[NumLogprobs] = None
     response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
     add_generation_prompt: bool = True
@@ -65,8 +64,6 @@ class ChatCompletionRequest(SamplingRequest):
         """How many top alternatives per token to return (None: no logprobs)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.top_logprobs}")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 

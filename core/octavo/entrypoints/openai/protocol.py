@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from types import MappingProxyType
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from octavo.sampling_defaults import cap_max_tokens
+from octavo import sampling_params as sp
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
@@ -34,32 +35,42 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
+TokenId = Annotated[int, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-sp.MAX_PENALTY, le=sp.MAX_PENALTY)]
+LogitBias = Annotated[float, Field(ge=-sp.MAX_LOGIT_BIAS, le=sp.MAX_LOGIT_BIAS)]
+NumLogprobs = Annotated[int, Field(ge=0, le=sp.MAX_LOGPROBS)]
+
+
 class SamplingRequest(RequestModel):
-    """Fields both /v1/completions and /v1/chat/completions take, OpenAI's and vLLM's extras."""
+    """Fields both /v1/completions and /v1/chat/completions take, OpenAI's and vLLM's extras.
+
+    Each numeric field carries its bounds (``octavo.sampling_params``), so an out-of-range value
+    is a 400 naming it, and /openapi.json publishes them. Token ids are also checked against the
+    model's vocabulary when the request is admitted."""
 
     model: Optional[str] = None
-    n: int = 1
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
+    n: int = Field(1, ge=1, le=sp.MAX_N)
+    temperature: Optional[float] = Field(None, ge=0, le=sp.MAX_TEMPERATURE)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
+    seed: Optional[int] = Field(None, ge=sp.SEED_MIN, le=sp.SEED_MAX)
+    presence_penalty: Optional[Penalty] = None
+    frequency_penalty: Optional[Penalty] = None
+    logit_bias: Optional[dict[str, LogitBias]] = None
     user: Optional[str] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     # vLLM's extra body fields
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    top_k: Optional[int] = Field(None, ge=-1, le=sp.MAX_TOP_K, description="-1 or 0: off; above the vocabulary: off")
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    repetition_penalty: Optional[float] = Field(None, ge=sp.MIN_REPETITION_PENALTY, le=sp.MAX_REPETITION_PENALTY)
     ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: Optional[list[int]] = None
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: Optional[list[TokenId]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: Optional[str] = None
-    priority: int = 0
+    priority: int = Field(0, ge=sp.PRIORITY_MIN, le=sp.PRIORITY_MAX)
 
     def sampling_params(
         self, max_tokens: Optional[int], logprobs: Optional[int], defaults: Mapping[str, Any] = NO_DEFAULTS
@@ -106,12 +117,12 @@ class SamplingRequest(RequestModel):
 class CompletionRequest(SamplingRequest):
     """The body of POST /v1/completions."""
 
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
+    prompt: Union[str, list[str], list[TokenId], list[list[TokenId]]]
+    max_tokens: Optional[int] = Field(16, ge=1)
     echo: bool = False
-    logprobs: Optional[int] = None
+    logprobs: Optional[NumLogprobs] = None
     suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    best_of: Optional[int] = Field(None, ge=1, le=sp.MAX_N)
 
 
 # --- responses ----------------------------------------------------------------------------------
@@ -184,4 +195,4 @@ class DetokenizeRequest(RequestModel):
     """The body of POST /detokenize."""
 
     model: Optional[str] = None
-    tokens: list[int]
+    tokens: list[TokenId]

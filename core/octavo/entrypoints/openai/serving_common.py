@@ -15,8 +15,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from octavo.engine.async_engine import AsyncEngine, EngineDeadError
-from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_errors
-from octavo.entrypoints.openai.protocol import UsageInfo, dump
+from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_errors, from_value_error
+from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
+from octavo.errors import RequestError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -165,8 +166,15 @@ def engine_errors_as_openai(task: asyncio.Future) -> Any:
         return task.result()
     except EngineDeadError as exc:
         raise OpenAIError(str(exc), 503, code="engine_dead") from None
+    except RequestError as exc:
+        raise request_failed(exc) from None
     except ValueError as exc:
-        raise bad_request(str(exc)) from None
+        raise from_value_error(exc, SAMPLING_FIELDS) from None
+
+
+def request_failed(exc: RequestError) -> OpenAIError:
+    """A 500 for a request the engine failed on its own (the server and other requests go on)."""
+    return OpenAIError(f"the engine failed this request: {exc}", 500, code="request_failed")
 
 
 async def wait_for_disconnect(raw_request: Request) -> None:
@@ -234,8 +242,10 @@ async def event_stream(events: AsyncIterator[str], admission: "Admission") -> As
                 yield event
     except EngineDeadError as exc:
         yield sse(OpenAIError(str(exc), 503, code="engine_dead").body())
+    except RequestError as exc:
+        yield sse(request_failed(exc).body())
     except ValueError as exc:
-        yield sse(bad_request(str(exc)).body())
+        yield sse(from_value_error(exc, SAMPLING_FIELDS).body())
     finally:
         admission.release()
     yield SSE_DONE
