@@ -17,9 +17,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import octavo
 from octavo.engine.async_engine import AsyncEngine, EngineDeadError
+from octavo.entrypoints.openai.chat_protocol import ChatCompletionRequest, ChatCompletionResponse
 from octavo.entrypoints.openai.errors import OpenAIError, from_validation_errors
 from octavo.entrypoints.openai.middleware import ApiKeyMiddleware, RequestIdMiddleware
-from octavo.entrypoints.openai.protocol import ModelCard, ModelList, dump
+from octavo.entrypoints.openai.openapi import (
+    DetokenizeResponse, TokenizeResponse, error_responses, json_route, publish_schemas,
+)
+from octavo.entrypoints.openai.protocol import (
+    CompletionRequest, CompletionResponse, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest, dump,
+)
 from octavo.entrypoints.openai.serving_chat import create_chat_completion
 from octavo.entrypoints.openai.serving_common import ServerConfig, ServingContext
 from octavo.entrypoints.openai.serving_completion import create_completion
@@ -41,7 +47,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         finally:
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="octavo", version=octavo.__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="octavo", version=octavo.__version__, lifespan=lifespan, redoc_url=None)
     app.state.serving = ctx
     _add_error_handlers(app)
     _add_health_routes(app, ctx)
@@ -118,25 +124,34 @@ def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
             except OpenAIError as exc:
                 ctx.engine.metrics.on_request_refused("rejected" if exc.code == "queue_full" else "invalid")
                 raise
+        # The handler's name and docstring title the route in /openapi.json (not its signature:
+        # FastAPI must see only the raw request).
+        route.__name__, route.__doc__ = handler.__name__, handler.__doc__
         return route
 
-    app.post("/v1/completions")(counted(create_completion))
-    app.post("/v1/chat/completions")(counted(create_chat_completion))
+    generation = dict(streams=True, errors=(400, 401, 404, 500, 503))
+    completions_docs = json_route(CompletionRequest, CompletionResponse, **generation)
+    chat_docs = json_route(ChatCompletionRequest, ChatCompletionResponse, **generation)
+    app.post("/v1/completions", **completions_docs)(counted(create_completion))
+    app.post("/v1/chat/completions", **chat_docs)(counted(create_chat_completion))
+    publish_schemas(app, (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401)})
     async def models() -> Response:
         return JSONResponse(dump(ModelList(data=[_model_card(ctx)])))
 
-    @app.get("/v1/models/{model_id:path}")
+    model_docs = {200: {"model": ModelCard}, **error_responses(401, 404)}
+
+    @app.get("/v1/models/{model_id:path}", responses=model_docs)
     async def model(model_id: str) -> Response:
         ctx.check_model(model_id)
         return JSONResponse(dump(_model_card(ctx)))
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", **json_route(TokenizeRequest, TokenizeResponse))
     async def tokenize_route(raw_request: Request) -> Response:
         return await tokenize(ctx, raw_request)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", **json_route(DetokenizeRequest, DetokenizeResponse))
     async def detokenize_route(raw_request: Request) -> Response:
         return await detokenize(ctx, raw_request)
 
