@@ -45,3 +45,11 @@ def test_a_tiny_temperature_samples_valid_tokens(llm):
     # 1e-45 is 0 in float32; it is raised to 0.01 (vLLM's floor), so sampling stays finite.
     tokens = sample(llm, seed=0, temperature=1e-45)
     assert all(0 <= t < 512 for t in tokens[0])
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [False, True])
+def test_more_samples_than_max_num_seqs_take_turns(tiny_model, llm, enable_prefix_caching):
+    # The siblings that do not fit the running batch once the prompt is computed wait for a
+    # place (they used to join it anyway, and the runner's batch overflowed: the engine died).
+    small = make_llm(tiny_model, max_num_seqs=2, enable_prefix_caching=enable_prefix_caching)
+    assert sample(small, seed=7, n=5) == sample(llm, seed=7, n=5)

@@ -66,19 +66,24 @@ class SiblingForks:
             return num_new
         return min(num_new, limit)
 
-    def fork_ready_leaders(self) -> None:
+    def fork_ready_leaders(self, room: int) -> None:
         """After a step: fork the siblings of every leader whose prompt (but the last token) has
-        KV now."""
-        for leader_id, group_id in list(self._group_of_leader.items()):
+        KV now, as many as ``room`` (free places in the running batch) allows; the others are
+        released to wait for a place like any request (with prefix caching they hit the prompt's
+        blocks)."""
+        for group_id in list(self._group_of_leader.values()):
             group = self._groups[group_id]
             leader = group.leader
             if leader.status != RequestStatus.RUNNING or leader.num_computed_tokens != leader.num_prompt_tokens - 1:
                 continue
-            for child in group.held:
+            num_forked = max(0, min(room, len(group.held)))
+            for child in group.held[:num_forked]:
                 child.num_computed_tokens = leader.num_computed_tokens
                 self.kv_cache_manager.fork(leader, child)
                 child.status = RequestStatus.RUNNING
                 self._forked.append(child)
+            room -= num_forked
+            self._released.extend(group.held[num_forked:])
             self._drop(group_id)
 
     def take_forked(self) -> list[Request]:

@@ -217,4 +217,4 @@ class Scheduler:
             request = requests.get(request_id)
             if request is not None and token_ids:
                 request.append_output_token_ids(token_ids)
-        self.forks.fork_ready_leaders()
+        self.forks.fork_ready_leaders(room=self.config.max_num_seqs - len(self.running))
