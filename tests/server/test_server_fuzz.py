@@ -487,6 +487,23 @@ def local_places(route: str) -> dict[str, tuple[str, Wrap]]:
 
 
 NUMERIC_CASES = [(route, label) for route in ROUTES for label in local_places(route)]
+BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def published_bounds(route: str, field: str) -> list[Any]:
+    """Each bound ``route``'s schema publishes for ``field`` (or its items), and for integers
+    the values one past it: the largest accepted values do real work (n at its maximum forks
+    that many samples), so they are edges too."""
+    schema = REQUEST_MODELS[route].model_json_schema()
+    strategies = SchemaStrategies(schema.get("$defs", {}))
+    values = []
+    for option in [strategies.resolve(o) for o in schema["properties"][field].get("anyOf", [schema["properties"][field]])]:
+        for numeric in (option, strategies.resolve(option.get("items", {})), strategies.resolve(option.get("additionalProperties", {}) or {})):
+            for key in BOUND_KEYS:
+                if key in numeric:
+                    bound = numeric[key]
+                    values += [bound, bound - 1, bound + 1] if numeric.get("type") == "integer" else [bound]
+    return values
 
 
 def edge_probe(route: str, field: str, wrap: Wrap, value: Any, stream: bool = False) -> Probe:
@@ -510,7 +527,7 @@ def test_known_killer_is_a_400_naming_its_field(live, route, field, value):
 def test_numeric_field_at_edge_values_is_a_200_or_a_400_naming_it(live, route, label):
     field, wrap = local_places(route)[label]
     problems = []
-    for value in EDGE_NUMBERS:
+    for value in (*EDGE_NUMBERS, *published_bounds(route, field)):
         problem = live.judge(edge_probe(route, field, wrap, value))
         if problem is not None:
             problems.append(f"{label} = {encode(value).decode()}: {problem}")
