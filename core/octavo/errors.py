@@ -16,9 +16,14 @@ class KernelNotAvailableError(PlatformError):
 class RequestError(RuntimeError):
     """Something failed for these requests only (in the step, or while building their output).
 
-    The engine fails ``request_ids`` with ``finish_reason="error"`` and keeps serving the rest; an
-    error no request can be blamed for still stops the engine."""
+    ``messages`` maps each request id to what failed for it (a request is told only its own).
+    The engine fails those requests with ``finish_reason="error"`` and keeps serving the rest;
+    an error no request can be blamed for still stops the engine."""
 
-    def __init__(self, request_ids, message: str) -> None:
-        super().__init__(message)
-        self.request_ids = list(request_ids)
+    def __init__(self, messages: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{request_id}: {message}" for request_id, message in messages.items()))
+        self.messages = dict(messages)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self.messages)

@@ -7,7 +7,7 @@ import enum
 import logging
 import math
 import re
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,9 @@ MAX_TOP_K = 2**31 - 1  # samplers hold top_k as int32; the engine clamps it to t
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 MAX_TEMPERATURE = 3.4e38  # the largest float32: the step divides logits by it in float32
 MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to it, as vLLM does
-MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 1e2  # beyond, float32 logits overflow
+# Logits are divided or multiplied by it in float32: 1e-300 is 0 there and gave infinite logits.
+# Far narrower than what float32 holds, and far wider than any setting in use (1.0-2.0).
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 1e2
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
 MAX_LOGIT_BIAS = 100.0
 PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
@@ -98,8 +100,8 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         self._validate_sampling()
         if 0 < self.temperature < MIN_TEMPERATURE:
-            logger.warning("temperature %s is below %s, where float32 logits overflow; using %s",
-                           self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            logger.debug("temperature %s is below %s, where float32 logits overflow; using %s",
+                         self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         self._validate_lengths_and_outputs()
 
@@ -144,6 +146,22 @@ class SamplingParams:
         _require(all(isinstance(s, str) and s for s in self.stop or ()), "stop", f"must be non-empty strings, got {self.stop!r}")
         _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", f"must be integers >= 0, got {list(self.stop_token_ids)!r}")
         _require(isinstance(self.output_kind, RequestOutputKind), "output_kind", f"must be one of {[k.name for k in RequestOutputKind]}, got {self.output_kind!r}")
+
+    def for_vocabulary(self, vocab_size: int, eos_token_ids: Sequence[int] = ()) -> "SamplingParams":
+        """These params checked against a model's vocabulary (ValueError naming the field), with
+        ``top_k`` beyond it turned off (top-k of more tokens than exist keeps them all)."""
+        for field, token_ids in (("logit_bias", self.logit_bias or ()), ("stop_token_ids", self.stop_token_ids)):
+            outside = [t for t in token_ids if not 0 <= t < vocab_size]
+            if outside:
+                raise ValueError(f"{field} has token id {outside[0]} outside the vocabulary [0, {vocab_size}) of this model")
+        if self.min_tokens and len(self.stop_token_ids) >= vocab_size - len(eos_token_ids):
+            banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
+            if len(banned) >= vocab_size:
+                raise ValueError(
+                    "stop_token_ids (with EOS) hold every token of the vocabulary, so none is left to "
+                    "sample before min_tokens; drop min_tokens or some stop tokens"
+                )
+        return dataclasses.replace(self, top_k=0) if self.top_k > vocab_size else self
 
     @property
     def greedy(self) -> bool:

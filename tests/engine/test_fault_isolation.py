@@ -1,6 +1,8 @@
 """A failure that belongs to one request fails that request alone: injected in the runner's set-up
-of a new request, in its logits processing after the forward pass, and in building its output,
-the neighbours in flight finish with their exact greedy tokens and every KV block comes back."""
+of a new request (the step is undone and the others restart), in its logits processing or its
+sampling after the forward pass (the others keep the step's tokens), and in building its output,
+the neighbours in flight finish with their exact tokens, greedy and seeded, and every KV block
+comes back."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from octavo.engine.request_state import RequestState
 from octavo.model_executor import input_batch, logits_processors
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+SEEDED = SamplingParams(temperature=1.0, seed=99, max_tokens=24, ignore_eos=True)
+NEIGHBOUR_PARAMS = [GREEDY, SEEDED, GREEDY, SEEDED, GREEDY, GREEDY]
 POISON = 1.25  # the failing request is the one with this repetition_penalty
+POISONED = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=POISON, logprobs=1)
 
 
 class InjectedFault(RuntimeError):
@@ -47,7 +52,7 @@ def _fail_sampling(monkeypatch, llm) -> None:
 
     def sample(logits, metadata):  # the poisoned row gets no token, as from NaN logits
         tokens = sampler(logits, metadata)
-        rows = [i for i, row in enumerate(runner.input_batch.req_ids[: len(tokens)]) if row == "poisoned"]
+        rows = [i for i, row in enumerate(runner.input_batch.req_ids[: len(tokens)]) if row.startswith("poisoned")]
         tokens[rows] = logits.shape[-1]
         return tokens
 
@@ -58,7 +63,7 @@ def _fail_output(monkeypatch, llm) -> None:
     original = RequestState.append_tokens
 
     def append_tokens(self, new_token_ids, new_logprobs):
-        if self.request_id == "poisoned" and len(self.token_ids) >= 3:
+        if self.request_id.startswith("poisoned") and len(self.token_ids) >= 3:
             raise InjectedFault("planted in the request's detokenizing")
         return original(self, new_token_ids, new_logprobs)
 
@@ -81,7 +86,25 @@ def prompts() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def alone(tiny_model, prompts) -> list[list[int]]:
     llm = make_llm(tiny_model)
-    return [generate_ids(llm, [prompt], GREEDY)[0] for prompt in prompts]
+    return [generate_ids(llm, [prompt], params)[0] for prompt, params in zip(prompts, NEIGHBOUR_PARAMS)]
+
+
+def run(engine, finals: dict, max_steps: int = 500) -> None:
+    """Step until the engine is idle, collecting finished outputs (bounded, so that a broken
+    recovery fails instead of hanging)."""
+    for _ in range(max_steps):
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        if not engine.has_unfinished_requests():
+            return
+    raise AssertionError(f"requests still unfinished after {max_steps} steps")
+
+
+def assert_neighbours_unharmed(finals: dict, alone: list[list[int]]) -> None:
+    for request_id, output in finals.items():
+        index = int(request_id.split("-")[1])
+        assert output.error is None
+        assert list(output.outputs[0].token_ids) == alone[index], request_id
+    assert len(finals) == len(alone)
 
 
 @pytest.mark.parametrize("enable_prefix_caching", [False, True])
@@ -93,27 +116,19 @@ def test_a_failing_request_fails_alone_and_its_neighbours_keep_their_tokens(
     FAULTS[fault](monkeypatch, llm)
     engine = llm.engine
     for i, prompt in enumerate(prompts[:3]):
-        engine.add_request(f"early-{i}", {"prompt_token_ids": prompt}, GREEDY)
+        engine.add_request(f"early-{i}", {"prompt_token_ids": prompt}, NEIGHBOUR_PARAMS[i])
     finals = {}
     for _ in range(4):  # the early ones are past their prompts, mid-decode
         finals.update((o.request_id, o) for o in engine.step() if o.finished)
-    poisoned = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=POISON)
-    engine.add_request("poisoned", {"prompt_token_ids": prompts[0]}, poisoned)  # shares a prefix
+    engine.add_request("poisoned", {"prompt_token_ids": prompts[0]}, POISONED)  # shares a prefix
     for i, prompt in enumerate(prompts[3:], start=3):
-        engine.add_request(f"late-{i}", {"prompt_token_ids": prompt}, GREEDY)
-    for _ in range(500):  # a bound, so that a broken recovery fails instead of hanging
-        finals.update((o.request_id, o) for o in engine.step() if o.finished)
-        if not engine.has_unfinished_requests():
-            break
+        engine.add_request(f"late-{i}", {"prompt_token_ids": prompt}, NEIGHBOUR_PARAMS[i])
+    run(engine, finals)
 
     failed = finals.pop("poisoned")
     assert failed.outputs[0].finish_reason == "error"
-    assert "planted" in failed.error or "no valid token" in failed.error, failed.error
-    for request_id, output in finals.items():
-        index = int(request_id.split("-")[1])
-        assert output.error is None
-        assert list(output.outputs[0].token_ids) == alone[index], request_id
-    assert len(finals) == len(prompts)
+    assert "planted" in failed.error or "no token to sample" in failed.error, failed.error
+    assert_neighbours_unharmed(finals, alone)
     assert_pool_clean(llm)
     # The engine goes on serving, the prefix cache included.
     assert generate_ids(llm, [prompts[0]], GREEDY) == [alone[0]]
@@ -129,3 +144,61 @@ def test_an_unattributable_step_failure_still_raises(tiny_model, prompts, monkey
     monkeypatch.setattr(runner, "model", broken_forward)
     with pytest.raises(InjectedFault):
         llm.generate([{"prompt_token_ids": prompts[0]}], GREEDY, use_tqdm=False)
+
+
+@pytest.mark.parametrize("fault", ["state_setup", "sampling"])
+def test_failures_in_consecutive_steps_each_fail_their_request_alone(
+    tiny_model, prompts, alone, monkeypatch, fault
+):
+    llm = make_llm(tiny_model, max_num_batched_tokens=64, scheduling_policy="priority")
+    FAULTS[fault](monkeypatch, llm)
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"n-{i}", {"prompt_token_ids": prompt}, NEIGHBOUR_PARAMS[i])
+    finals = {}
+    for _ in range(3):
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    for k in range(3):  # one new failing request per step, three steps in a row
+        engine.add_request(f"poisoned{k}", {"prompt_token_ids": prompts[k][:5]}, POISONED)
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    run(engine, finals)
+    for k in range(3):
+        assert finals.pop(f"poisoned{k}").outputs[0].finish_reason == "error"
+    assert_neighbours_unharmed(finals, alone)
+    assert_pool_clean(llm)
+
+
+def test_aborting_samples_just_forked_or_released_frees_them(tiny_model, prompts):
+    # Between two steps forked samples and released ones are already where an abort finds them.
+    llm = make_llm(tiny_model, max_num_seqs=2)
+    engine = llm.engine
+    engine.add_request("many", {"prompt_token_ids": prompts[1]}, SamplingParams(n=4, max_tokens=8, seed=1))
+    for _ in range(3):
+        engine.step()
+    engine.abort_request("many")
+    assert not engine.has_unfinished_requests()
+    assert_pool_clean(llm)
+    assert generate_ids(llm, [prompts[0]], GREEDY) == [alone_greedy(tiny_model, prompts[0])]
+
+
+def alone_greedy(tiny_model, prompt) -> list[int]:
+    return generate_ids(make_llm(tiny_model), [prompt], GREEDY)[0]
+
+
+def test_a_failed_sample_ends_its_siblings(tiny_model, prompts, monkeypatch):
+    original = RequestState.append_tokens
+
+    def append_tokens(self, new_token_ids, new_logprobs):
+        if self.request_id.startswith("1_") and len(self.token_ids) >= 2:  # sample 1 of the request
+            raise InjectedFault("planted in one sample's detokenizing")
+        return original(self, new_token_ids, new_logprobs)
+
+    monkeypatch.setattr(RequestState, "append_tokens", append_tokens)
+    llm = make_llm(tiny_model)
+    (output,) = llm.generate(
+        [{"prompt_token_ids": prompts[1]}], SamplingParams(n=3, max_tokens=16, seed=1, ignore_eos=True), use_tqdm=False
+    )
+    assert output.finished and "planted" in (output.error or ""), output
+    assert sorted(c.finish_reason for c in output.outputs) == ["abort", "abort", "error"]
+    assert all(len(c.token_ids) < 16 for c in output.outputs), "the siblings did not run on"
+    assert_pool_clean(llm)

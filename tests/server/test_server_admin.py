@@ -4,6 +4,7 @@ health when the engine loop stalls or dies."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx2 as httpx
@@ -127,9 +128,15 @@ def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_thei
     expected = [o.outputs[0].text for o in offline.generate(prompts, params, use_tqdm=False)]
     body = {"max_tokens": 40, "temperature": 0, "extra_body": {"ignore_eos": True}}
 
+    bad_queued = threading.Event()
+
+    def both_streams_decoding(_: int) -> bool:  # hold the engine there until the bad one is queued
+        requests = requests_in_engine(server.engine)
+        return not bad_queued.is_set() and len(requests) == 2 and all(r.num_output_tokens for r in requests)
+
     async def run():
         client = server.async_client()
-        with EngineGate(server.engine, passes=2) as gate:  # both streams are mid-decode
+        with EngineGate(server.engine, hold=both_streams_decoding) as gate:
             streams = [await client.completions.create(model=MODEL_NAME, prompt=p, stream=True, **body) for p in prompts]
             texts = [[] for _ in prompts]
 
@@ -141,19 +148,24 @@ def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_thei
             await asyncio.to_thread(gate.wait_held)
             bad = asyncio.ensure_future(client.completions.create(
                 model=MODEL_NAME, prompt="hi", max_tokens=4, extra_body={"repetition_penalty": 1.25}))
-            await asyncio.to_thread(wait_for, lambda: pending_commands(server.async_engine) >= 1)
+            # released once the bad request is queued: it joins the streams' next step
+            await asyncio.to_thread(wait_for, lambda: pending_commands(server.async_engine) == 1)
+            bad_queued.set()
         with pytest.raises(openai.InternalServerError) as failed:
             await bad
         await asyncio.gather(*readers)
         return failed.value, ["".join(t) for t in texts]
 
+    invalid_before = server.metrics()['octavo_requests_total{status="invalid"}']
     failed, texts = asyncio.run(run())
     assert failed.status_code == 500 and failed.body["code"] == "request_failed"
     assert "simulated fault" in failed.body["message"]
     assert texts == expected
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         assert http.get("/health").status_code == 200
-    assert server.metrics()['octavo_requests_total{status="failed"}'] == 1
+    metrics = server.metrics()
+    assert metrics['octavo_requests_total{status="failed"}'] == 1
+    assert metrics['octavo_requests_total{status="invalid"}'] == invalid_before, "a 500 is not also invalid"
     server.wait_idle()
 
 

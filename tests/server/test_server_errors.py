@@ -40,6 +40,12 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop", None),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias", None),
     ("/v1/completions", {"prompt": "hi", "seed": "abc"}, 400, "seed", None),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, "seed", None),
+    ("/v1/completions", {"prompt": "hi", "top_k": 2**31}, 400, "top_k", None),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [600]}, 400, "stop_token_ids", None),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"600": 1}}, 400, "logit_bias", None),
+    # every token banned until min_tokens: nothing could be sampled (it failed inside the step)
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 2, "stop_token_ids": list(range(512))}, 400, "stop_token_ids", None),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "model_not_found"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", None),

@@ -219,7 +219,7 @@ class AsyncEngine:
                 elif stream.record_metrics:
                     self.metrics.on_request_finished(output)
             failed = output.finished and output.error is not None
-            items.append((stream.outputs, RequestError([output.request_id], output.error) if failed else output))
+            items.append((stream.outputs, RequestError({output.request_id: output.error}) if failed else output))
         for request_id in aborted or ():
             self._streams.pop(request_id, None)  # aborted before it produced anything
         self._send(items)

@@ -17,6 +17,7 @@ class BatchDeltaBuilder:
         self._num_sent_blocks: dict[str, int] = {}
         self._resumed: set[str] = set()
         self._finished: set[str] = set()
+        self._forgotten: set[str] = set()  # dropped by the workers after a failed step, not sent since
 
     def preempted(self, request_id: str) -> None:
         """The request lost (or swapped out) its blocks: its table restarts when it resumes."""
@@ -24,14 +25,15 @@ class BatchDeltaBuilder:
             self._resumed.add(request_id)
 
     def finish(self, request_id: str) -> None:
-        if self._num_sent_blocks.pop(request_id, None) is not None:
-            self._finished.add(request_id)
+        if self._num_sent_blocks.pop(request_id, None) is not None or request_id in self._forgotten:
+            self._finished.add(request_id)  # the workers may keep something of it (a generator)
         self._resumed.discard(request_id)
+        self._forgotten.discard(request_id)
 
     def forget_all(self) -> None:
-        """The workers' copies can no longer be trusted (a step failed part-way): every request
-        they hold is dropped there with the next step and sent again in full when scheduled."""
-        self._finished.update(self._num_sent_blocks)
+        """The workers dropped every request (a step failed part-way, see ModelRunner): each is
+        sent again in full when next scheduled."""
+        self._forgotten.update(self._num_sent_blocks)
         self._num_sent_blocks.clear()
         self._resumed.clear()
 
@@ -49,6 +51,7 @@ class BatchDeltaBuilder:
             num_sent = self._num_sent_blocks.get(request_id)
             self._num_sent_blocks[request_id] = num_blocks
             if num_sent is None:
+                self._forgotten.discard(request_id)
                 new_reqs.append(
                     NewRequestData(
                         request_id, request.prompt_token_ids, request.sampling_params, kv.get_block_ids(request_id),

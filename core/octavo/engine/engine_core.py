@@ -115,12 +115,7 @@ class EngineCore:
         vocab_size = self.model_config.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab_size}) for this model")
-        for field, token_ids in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids)):
-            outside = [t for t in token_ids if not 0 <= t < vocab_size]
-            if outside:
-                raise ValueError(f"{field} has token id {outside[0]} outside the vocabulary [0, {vocab_size}) of this model")
-        if params.top_k > vocab_size:  # top-k over more tokens than exist keeps them all
-            params = dataclasses.replace(params, top_k=0)
+        params = params.for_vocabulary(vocab_size, self.model_config.eos_token_ids)
         return Request(request_id, prompt_token_ids, params, block_hasher=self.kv_cache_manager.block_hasher, **kwargs)
 
     def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:
@@ -146,12 +141,16 @@ class EngineCore:
         return self._update(runner_output)
 
     def _fail_step(self, error: RequestError) -> list[EngineCoreOutput]:
-        """A step failed for some requests: end those with an error, restart the others."""
+        """The step failed before its forward pass for some requests (their set-up): end those
+        with an error and restart the others, whose step never ran. (Failures after the forward
+        pass come back in ``ModelRunnerOutput.failed``: the other rows' tokens stand.)"""
         failed = [r for r in error.request_ids if r in self.scheduler.requests]
-        logger.warning("a step failed for request(s) %s; the others restart: %s", failed, error)
+        if not failed:
+            raise error  # blames no request of this engine: restarting would fail the same way
+        logger.warning("a step failed for request(s) %s; the others restart", failed, exc_info=error)
         self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         self.scheduler.restart_after_failed_step()
-        return [EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=str(error)) for r in failed]
+        return [EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=error.messages[r]) for r in failed]
 
     def _update(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         sampled: dict[str, list[int]] = {}
@@ -160,5 +159,8 @@ class EngineCore:
             if token_ids:
                 sampled[req_id] = token_ids
                 outputs.append(EngineCoreOutput(req_id, token_ids, _step_logprobs(logprobs)))
+        if runner_output.failed:
+            self.scheduler.finish_requests(runner_output.failed, RequestStatus.FINISHED_ERROR)
+            outputs += [EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=m) for r, m in runner_output.failed.items()]
         self.scheduler.update_from_output(sampled)
         return outputs

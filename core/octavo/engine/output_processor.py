@@ -205,13 +205,27 @@ class OutputProcessor:
             touched[parent.request_id] = parent
             if state.finished:
                 self._forget_state(state.request_id)
+            if state.finish_reason == FinishReason.ERROR:
+                processed.reqs_to_abort += self._abort_siblings(parent)
         processed.request_outputs = self._collect(touched.values(), now)
         return processed
+
+    def _abort_siblings(self, parent: ParentRequest) -> list[str]:
+        """A sample failed, so its request fails: end the samples still running (their engine
+        requests, returned, must be freed)."""
+        aborted = []
+        for state in parent.children:
+            if not state.finished:
+                state.finish(FinishReason.ABORT, None)
+                aborted.append(state.request_id)
+                self._forget_state(state.request_id)
+        return aborted
 
     def _process_one(
         self, core_output: EngineCoreOutput, state: RequestState, parent: ParentRequest,
         processed: ProcessedOutputs, now: float,
     ) -> None:
+        """Apply one engine request's step: its tokens, logprobs, finish and metrics."""
         if core_output.error is not None:
             parent.error = core_output.error
         num_kept = state.append_tokens(core_output.new_token_ids, core_output.new_logprobs)

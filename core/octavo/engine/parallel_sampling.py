@@ -87,12 +87,12 @@ class SiblingForks:
             self._drop(group_id)
 
     def take_forked(self) -> list[Request]:
-        """Siblings forked since the last call: they join the running requests."""
+        """Siblings forked since the last call: they join the running requests at once."""
         forked, self._forked = self._forked, []
         return forked
 
     def take_released(self) -> list[Request]:
-        """Siblings released since the last call: they join the waiting queue."""
+        """Siblings released since the last call: they join the waiting queue at once."""
         released, self._released = self._released, []
         return released
 

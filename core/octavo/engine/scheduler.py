@@ -86,6 +86,14 @@ class Scheduler:
             self.kv_cache_manager.free(request)
             self.deltas.finish(request_id)
             self.forks.leader_finished(request)
+        self._settle_forks()
+
+    def _settle_forks(self) -> None:
+        """Forked samples join the running requests and released ones the waiting queue at
+        once, so that between steps every request is in exactly one place (an abort finds it)."""
+        self.running.extend(self.forks.take_forked())
+        for request in self.forks.take_released():
+            self.waiting.add(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -99,13 +107,11 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step: which requests compute how many tokens, and the KV copies before it."""
         plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
-        self.running.extend(self.forks.take_forked())
-        for request in self.forks.take_released():
-            self.waiting.add(request)
         self._schedule_running(plan)
         if plan.num_preempted == 0:
             self._schedule_swapped(plan)
             self._schedule_waiting(plan)
+        self._settle_forks()  # a prefix hit may have released a leader's siblings
         output = self.deltas.build(plan.scheduled, plan.num_scheduled_tokens)
         for request in plan.scheduled:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
@@ -195,14 +201,16 @@ class Scheduler:
         stats.num_steps += 1
 
     def restart_after_failed_step(self) -> None:
-        """Undo a step that failed part-way: every request holding KV blocks is preempted to be
-        recomputed (lossless: it keeps its output tokens), the workers forget every request, and
-        the prefix cache forgets blocks the step may have published without computing them."""
+        """Undo a step that failed before its forward pass: every request holding KV blocks is
+        preempted to be recomputed (lossless: it keeps its output tokens, and the runner its
+        generator), the workers, which dropped every request, get each again in full, and the
+        prefix cache forgets blocks the step may have published without computing them."""
         for request in reversed(self.running + self.swapped):
             self.kv_cache_manager.free(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.PREEMPTED
             self.waiting.prepend(request)
+            self.stats.num_preempted_total += 1
         self.running.clear()
         self.swapped.clear()
         self.deltas.forget_all()
@@ -218,3 +226,4 @@ class Scheduler:
             if request is not None and token_ids:
                 request.append_output_token_ids(token_ids)
         self.forks.fork_ready_leaders(room=self.config.max_num_seqs - len(self.running))
+        self._settle_forks()

@@ -33,13 +33,16 @@ class SamplingPenalties:
 
     def __call__(self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray) -> torch.Tensor:
         req_ids = batch.req_ids
+        failed = {}
         for i, row in enumerate(rows.tolist()):
             state = self.requests[req_ids[row]]
             if needs_processing(state.sampling_params):
                 try:
                     self._apply(logits[i], state.sampling_params, batch, row)
                 except Exception as exc:  # noqa: BLE001 - one request's parameters: fail it alone
-                    raise RequestError([state.req_id], f"cannot apply its penalties: {type(exc).__name__}: {exc}") from exc
+                    failed[state.req_id] = f"cannot apply its penalties: {type(exc).__name__}: {exc}"
+        if failed:
+            raise RequestError(failed)
         return logits
 
     def _apply(self, row_logits: torch.Tensor, params: SamplingParams, batch: InputBatch, row: int) -> None:

@@ -22,7 +22,9 @@ def compute_logprobs(
         return out
     index = torch.from_numpy(rows).to(logits.device)
     logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-    chosen = sampled.index_select(0, index).long()
+    # Clamped: a row the sampler found no token for (the runner fails that request) must not
+    # index out of range here first.
+    chosen = sampled.index_select(0, index).long().clamp_(0, logits.shape[-1] - 1)
     chosen_logprobs = logprobs.gather(1, chosen.unsqueeze(1))
     ranks = (logprobs > chosen_logprobs).sum(dim=1) + 1
     k = int(num_logprobs[rows].max())

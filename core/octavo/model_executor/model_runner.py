@@ -110,6 +110,7 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
+        self._kept_generators: dict[str, torch.Generator] = {}  # of requests forgotten by a failed step
         self.logits_processors: list[LogitsProcessor] = [SamplingPenalties(self.requests, model_config.eos_token_ids)]
         max_blocks = -(-model_config.max_model_len // self.block_size)
         self.input_batch = InputBatch(
@@ -168,14 +169,32 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one scheduled step and return the tokens sampled for each scheduled request."""
-        self._update_states(scheduler_output)
-        self._run_cache_ops(scheduler_output)
-        if scheduler_output.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput.empty()
-        step = self._prepare_inputs(scheduler_output)
-        hidden_states = self.model(step.input_ids, step.positions, step.attn_metadata)
-        return self._sample(hidden_states, step)
+        """Run one scheduled step and return the tokens sampled for each scheduled request.
+
+        A RequestError (a failure that belongs to some requests) leaves the runner holding no
+        request: the scheduler restarts the others and sends each again in full."""
+        try:
+            self._update_states(scheduler_output)
+            self._run_cache_ops(scheduler_output)
+            if scheduler_output.total_num_scheduled_tokens == 0:
+                return ModelRunnerOutput.empty()
+            step = self._prepare_inputs(scheduler_output)
+            hidden_states = self.model(step.input_ids, step.positions, step.attn_metadata)
+            return self._sample(hidden_states, step)
+        except RequestError:
+            self._forget_requests()
+            raise
+
+    def _forget_requests(self) -> None:
+        """Drop every request's state and batch row; a seeded request's generator is kept for
+        when it comes back, so its random stream goes on where it was."""
+        for req_id, state in self.requests.items():
+            if state.generator is not None:
+                self._kept_generators[req_id] = state.generator
+        self.requests.clear()
+        for req_id in list(self.input_batch.req_id_to_index):
+            self.input_batch.remove_request(req_id)
+        self.input_batch.condense()
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's deltas to the request states and the persistent batch."""
@@ -183,6 +202,7 @@ class ModelRunner:
         new_states = self._new_request_states(so.scheduled_new_reqs)
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
+            self._kept_generators.pop(req_id, None)
             batch.remove_request(req_id)
         for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
             batch.remove_request(req_id)  # idle this step (e.g. preempted): keep its state only
@@ -223,11 +243,16 @@ class ModelRunner:
         states, failed = [], {}
         for new in new_reqs:
             try:
-                states.append(CachedRequestState.from_new(new, self.device))
+                state = CachedRequestState.from_new(new, self.device)
             except Exception as exc:  # noqa: BLE001 - whatever it is, it is this request's
-                failed[new.req_id] = f"{type(exc).__name__}: {exc}"
+                failed[new.req_id] = f"cannot set it up for sampling: {type(exc).__name__}: {exc}"
+                continue
+            states.append(state)
         if failed:
-            raise RequestError(failed, f"cannot set up the request(s) for sampling: {failed}")
+            raise RequestError(failed)  # nothing changed: kept generators stay kept
+        for state in states:
+            if state.req_id in self._kept_generators:
+                state.generator = self._kept_generators.pop(state.req_id)
         return states
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
@@ -285,31 +310,50 @@ class ModelRunner:
         req_ids = list(batch.req_ids[:num_reqs])
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs = [None] * num_reqs
+        failed: dict[str, str] = {}
         if len(rows):
             if step.logits_indices is not None:
                 hidden_states = hidden_states.index_select(0, step.logits_indices)
             logits = self.model.compute_logits(hidden_states).float()
             num_logprobs = batch.num_logprobs[rows]
             raw_logits = logits.clone() if self.logits_processors and (num_logprobs >= 0).any() else logits
-            for process in self.logits_processors:
-                logits = process(logits, batch, rows)
+            logits = self._process_logits(logits, rows, failed)
             sampled = self.sampler(logits, batch.sampling_metadata(rows))
             row_logprobs = compute_logprobs(raw_logits, sampled, num_logprobs)
             tokens = sampled.cpu().numpy()  # the step's one device sync
-            self._check_sampled(rows, tokens, logits.shape[-1])
-            self._record_sampled(rows, tokens)
-            for i, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist())):
-                sampled_token_ids[row] = [token]
-                logprobs[row] = row_logprobs[i]
-        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids, logprobs)
+            kept = self._keep_valid_samples(rows, tokens, logits.shape[-1], failed)
+            self._record_sampled(rows[kept], tokens[kept])
+            for i in np.flatnonzero(kept).tolist():
+                sampled_token_ids[rows[i]] = [int(tokens[i])]
+                logprobs[rows[i]] = row_logprobs[i]
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids, logprobs, failed)
 
-    def _check_sampled(self, rows: np.ndarray, tokens: np.ndarray, vocab_size: int) -> None:
-        """A RequestError for the rows whose sampled token is no token (their logits were not
-        finite), before anything records it."""
-        bad = (tokens < 0) | (tokens >= vocab_size)
-        if bad.any():
-            req_ids = [self.input_batch.req_ids[row] for row in rows[bad].tolist()]
-            raise RequestError(req_ids, f"the sampler returned no valid token for {req_ids} (non-finite logits?)")
+    def _process_logits(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]) -> torch.Tensor:
+        """Run the logits processors over the sampling rows. Rows a processor could not adjust
+        (it processes the others, then raises a RequestError naming these) fail; their logits
+        are made neutral so that sampling them cannot fail as well."""
+        for process in self.logits_processors:
+            try:
+                logits = process(logits, self.input_batch, rows)
+            except RequestError as exc:
+                failed.update(exc.messages)
+        if failed:
+            req_ids = self.input_batch.req_ids
+            logits[[i for i, row in enumerate(rows.tolist()) if req_ids[row] in failed]] = 0.0
+        return logits
+
+    def _keep_valid_samples(
+        self, rows: np.ndarray, tokens: np.ndarray, vocab_size: int, failed: dict[str, str]
+    ) -> np.ndarray:
+        """Which sampling rows keep their token: not the failed ones, nor one whose token is no
+        token (the sampler found no finite logit), which fails too."""
+        req_ids = self.input_batch.req_ids
+        kept = (tokens >= 0) & (tokens < vocab_size)
+        for i in np.flatnonzero(~kept).tolist():
+            failed.setdefault(req_ids[rows[i]], "the sampler found no token to sample (no finite logit)")
+        if failed:
+            kept &= np.array([req_ids[row] not in failed for row in rows.tolist()])
+        return kept
 
     def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Append each sampled token to its request (batch row and state)."""

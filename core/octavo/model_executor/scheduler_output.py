@@ -92,12 +92,15 @@ class TokenLogprobs:
 @dataclasses.dataclass(slots=True)
 class ModelRunnerOutput:
     """Sampled tokens per scheduled request, in batch order; empty lists where nothing was
-    sampled (partial prefill chunks)."""
+    sampled (partial prefill chunks). ``failed`` maps the requests the step could not sample
+    for (their logits processing failed, or no token was left) to why: they end with an error,
+    the others go on."""
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
     logprobs: list[Optional[TokenLogprobs]]
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

@@ -122,7 +122,10 @@ def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
             try:
                 return await handler(ctx, raw_request)
             except OpenAIError as exc:
-                ctx.engine.metrics.on_request_refused("rejected" if exc.code == "queue_full" else "invalid")
+                if exc.code == "queue_full":
+                    ctx.engine.metrics.on_request_refused("rejected")
+                elif exc.status_code < 500:  # 5xx: the engine counted the request as failed
+                    ctx.engine.metrics.on_request_refused("invalid")
                 raise
         # The handler's name and docstring title the route in /openapi.json (not its signature:
         # FastAPI must see only the raw request).

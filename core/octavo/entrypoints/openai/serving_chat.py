@@ -68,6 +68,7 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
         num_logprobs = body.num_logprobs()
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = body.sampling_params(max_tokens, num_logprobs, ctx.sampling_defaults)
+        params = ctx.fit_params(params)
     except ValueError as exc:
         raise _param_error(exc, body) from None
     token_ids = render_chat(ctx, conversation, body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs)

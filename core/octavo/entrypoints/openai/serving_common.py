@@ -67,6 +67,7 @@ class ServingContext:
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.model_config.max_model_len
         self.vocab_size = engine.engine.model_config.vocab_size
+        self.eos_token_ids = engine.engine.model_config.eos_token_ids
         self.sampling_defaults = engine.engine.sampling_defaults
         self.capacity = None if config.max_queue_len is None else engine.engine.args.max_num_seqs + config.max_queue_len
         self.num_admitted = 0
@@ -95,6 +96,11 @@ class ServingContext:
             raise bad_request(f"{param} is empty; give at least one token", param=param)
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param=param)
+
+    def fit_params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` checked against the model's vocabulary here, before admission, so a bad
+        token id is a 400 at once, not after the engine's current step."""
+        return params.for_vocabulary(self.vocab_size, self.eos_token_ids)
 
     def check_length(self, num_prompt_tokens: int, max_tokens: Optional[int], param: str, max_tokens_param: str) -> None:
         """400 when the prompt, or the prompt plus ``max_tokens``, does not fit the context."""

@@ -54,6 +54,7 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     prompts = _prompts(ctx, body.prompt)
     try:
         params = body.sampling_params(body.max_tokens, body.logprobs, ctx.sampling_defaults)
+        params = ctx.fit_params(params)
     except ValueError as exc:
         raise from_value_error(exc, SAMPLING_FIELDS | {"cache_salt"}) from None
     for prompt in prompts:
