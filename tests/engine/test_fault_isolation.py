@@ -202,3 +202,17 @@ def test_a_failed_sample_ends_its_siblings(tiny_model, prompts, monkeypatch):
     assert sorted(c.finish_reason for c in output.outputs) == ["abort", "abort", "error"]
     assert all(len(c.token_ids) < 16 for c in output.outputs), "the siblings did not run on"
     assert_pool_clean(llm)
+
+
+@pytest.mark.parametrize("scheduling_policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("num_steps", [0, 1])
+def test_aborting_samples_before_their_leader_forks_frees_them(tiny_model, prompts, scheduling_policy, num_steps):
+    # The leader's siblings are released as it is aborted; the next id aborted is one of them.
+    llm = make_llm(tiny_model, max_num_batched_tokens=16, scheduling_policy=scheduling_policy)
+    engine = llm.engine
+    engine.add_request("pair", {"prompt_token_ids": prompts[1]}, SamplingParams(n=2, max_tokens=8, seed=1))
+    for _ in range(num_steps):  # 0: still waiting; 1: mid chunked prefill
+        engine.step()
+    engine.abort_request("pair")
+    assert not engine.has_unfinished_requests()
+    assert_pool_clean(llm)

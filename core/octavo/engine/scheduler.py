@@ -86,7 +86,7 @@ class Scheduler:
             self.kv_cache_manager.free(request)
             self.deltas.finish(request_id)
             self.forks.leader_finished(request)
-        self._settle_forks()
+            self._settle_forks()  # a released sibling may be the next id to finish
 
     def _settle_forks(self) -> None:
         """Forked samples join the running requests and released ones the waiting queue at

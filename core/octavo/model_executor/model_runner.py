@@ -33,7 +33,8 @@ from octavo.sampling_params import SamplingParams
 
 LogitsProcessor = Callable[[torch.Tensor, InputBatch, np.ndarray], torch.Tensor]
 """``fn(logits [S, V] fp32, batch, rows [S]) -> logits``: adjusts the logits of batch rows
-``rows`` before sampling (penalties, logit bias, min_tokens, grammar bitmasks)."""
+``rows`` before sampling (penalties, logit bias, min_tokens, grammar bitmasks). A processor that
+cannot adjust some rows adjusts the others in place, then raises a RequestError naming those."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,11 +200,11 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's deltas to the request states and the persistent batch."""
         batch = self.input_batch
-        new_states = self._new_request_states(so.scheduled_new_reqs)
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             self._kept_generators.pop(req_id, None)
             batch.remove_request(req_id)
+        new_states = self._new_request_states(so.scheduled_new_reqs)
         for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
             batch.remove_request(req_id)  # idle this step (e.g. preempted): keep its state only
         for state in new_states:
