@@ -161,6 +161,9 @@ class EngineCore:
                 outputs.append(EngineCoreOutput(req_id, token_ids, _step_logprobs(logprobs)))
         if runner_output.failed:
             self.scheduler.finish_requests(runner_output.failed, RequestStatus.FINISHED_ERROR)
-            outputs += [EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=m) for r, m in runner_output.failed.items()]
+            outputs += [
+                EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=message)
+                for r, message in runner_output.failed.items()
+            ]
         self.scheduler.update_from_output(sampled)
         return outputs
