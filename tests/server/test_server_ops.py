@@ -89,7 +89,10 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(server):
             await asyncio.to_thread(gate.wait_held)
             assert server.metrics()["octavo_num_requests_running"] == 1, "the request runs"
             with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(post, timeout=0.2)  # cancels the post: its connection is closed
+                # The engine is held until the server gives the request up, so on any machine
+                # the post cannot complete and the timeout fires; it cancels the post (closing
+                # its connection). The 0.2 s is only how long the client waits first.
+                await asyncio.wait_for(post, timeout=0.2)
 
     with EngineGate(server.engine, passes=passes) as gate:
         asyncio.run(give_up())
