@@ -105,9 +105,7 @@ def dense_baselines(requests, dtype, generator):
     }
     if new == 1:
         folded = q.view(num_reqs, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_DIM)
-        baselines["dense SDPA folded heads"] = lambda: F.scaled_dot_product_attention(
-            folded, k, v
-        )
+        baselines["dense SDPA folded heads"] = lambda: F.scaled_dot_product_attention(folded, k, v)
     return baselines
 
 

@@ -27,14 +27,23 @@ import torch
 
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
-from octavo.model_executor.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from octavo.model_executor.scheduler_output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
 from octavo.platform import Platform
 from octavo.sampling_params import SamplingParams
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
 SMALL_LLAMA = TinyModelSpec(
-    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-    intermediate_size=2048, vocab_size=32000, max_position_embeddings=2048,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    intermediate_size=2048,
+    vocab_size=32000,
+    max_position_embeddings=2048,
 )
 TINY_LLAMA = TinyModelSpec(max_position_embeddings=2048)
 GREEDY = SamplingParams(temperature=0.0)
@@ -64,9 +73,15 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 def octavo_steps(path: Path, dtype: str, args):
     """(decode, prefill) callables: one step each of octavo's runner on the cpu platform."""
     platform = Platform.select(device="cpu")
-    config = ModelConfig.from_folder(path, dtype=dtype, supported_dtypes=platform.capabilities.dtypes)
+    config = ModelConfig.from_folder(
+        path, dtype=dtype, supported_dtypes=platform.capabilities.dtypes
+    )
     max_tokens = max(args.decode_batch, args.prefill_batch * args.prefill_len)
-    runner = ModelRunner(config, platform, RunnerConfig(BLOCK_SIZE, max(args.decode_batch, args.prefill_batch), max_tokens))
+    runner = ModelRunner(
+        config,
+        platform,
+        RunnerConfig(BLOCK_SIZE, max(args.decode_batch, args.prefill_batch), max_tokens),
+    )
     decode_len = args.context + args.warmup + args.reps + 1  # the context grows a token a step
     blocks_per_decode = -(-decode_len // BLOCK_SIZE)
     blocks_per_prefill = -(-args.prefill_len // BLOCK_SIZE)
@@ -76,7 +91,13 @@ def octavo_steps(path: Path, dtype: str, args):
     ids = [f"d{i}" for i in range(args.decode_batch)]
     prompts = random_prompts(args.decode_batch, args.context, config.vocab_size, seed=1)
     new = [
-        NewRequestData(r, p, GREEDY, list(range(i * blocks_per_decode, (i + 1) * blocks_per_decode)), args.context - 1)
+        NewRequestData(
+            r,
+            p,
+            GREEDY,
+            list(range(i * blocks_per_decode, (i + 1) * blocks_per_decode)),
+            args.context - 1,
+        )
         for i, (r, p) in enumerate(zip(ids, prompts))
     ]
     runner.execute_model(SchedulerOutput(new, [], dict.fromkeys(ids, 1), len(ids)))  # requests join
@@ -87,19 +108,37 @@ def octavo_steps(path: Path, dtype: str, args):
         runner.execute_model(SchedulerOutput([], cached, dict.fromkeys(ids, 1), len(ids)))
         state["step"] += 1
 
-    prefill_prompts = random_prompts(args.prefill_batch, args.prefill_len, config.vocab_size, seed=2)
+    prefill_prompts = random_prompts(
+        args.prefill_batch, args.prefill_len, config.vocab_size, seed=2
+    )
     counter = {"n": 0}
 
     def prefill() -> None:
         n = counter["n"]
         counter["n"] += 1
         reqs = [
-            NewRequestData(f"p{n}-{i}", p, GREEDY,
-                           list(range(decode_blocks + i * blocks_per_prefill, decode_blocks + (i + 1) * blocks_per_prefill)), 0)
+            NewRequestData(
+                f"p{n}-{i}",
+                p,
+                GREEDY,
+                list(
+                    range(
+                        decode_blocks + i * blocks_per_prefill,
+                        decode_blocks + (i + 1) * blocks_per_prefill,
+                    )
+                ),
+                0,
+            )
             for i, p in enumerate(prefill_prompts)
         ]
-        runner.execute_model(SchedulerOutput(reqs, [], {r.req_id: args.prefill_len for r in reqs}, args.prefill_len * len(reqs)))
-        runner.execute_model(SchedulerOutput([], [], {}, 0, finished_req_ids={r.req_id for r in reqs}))
+        runner.execute_model(
+            SchedulerOutput(
+                reqs, [], {r.req_id: args.prefill_len for r in reqs}, args.prefill_len * len(reqs)
+            )
+        )
+        runner.execute_model(
+            SchedulerOutput([], [], {}, 0, finished_req_ids={r.req_id for r in reqs})
+        )
 
     return decode, prefill
 
@@ -114,17 +153,25 @@ def transformers_steps(path: Path, dtype: str, args):
     cache = DynamicCache(config=cfg)
     kv_shape = (args.decode_batch, cfg.num_key_value_heads, args.context - 1, head_dim)
     for layer in range(cfg.num_hidden_layers):
-        cache.update(torch.randn(kv_shape, dtype=model.dtype), torch.randn(kv_shape, dtype=model.dtype), layer)
+        cache.update(
+            torch.randn(kv_shape, dtype=model.dtype),
+            torch.randn(kv_shape, dtype=model.dtype),
+            layer,
+        )
     tokens = torch.randint(3, cfg.vocab_size, (args.decode_batch, 1))
     positions = torch.full((args.decode_batch, 1), args.context - 1)
 
     @torch.inference_mode()
     def decode() -> None:
-        logits = model(tokens, cache=cache, position_ids=positions, use_cache=True, logits_to_keep=1).logits
+        logits = model(
+            tokens, cache=cache, position_ids=positions, use_cache=True, logits_to_keep=1
+        ).logits
         logits[:, -1].float().argmax(-1)
         cache.crop(-1)  # back to the same context for the next run
 
-    prompts = torch.tensor(random_prompts(args.prefill_batch, args.prefill_len, cfg.vocab_size, seed=2))
+    prompts = torch.tensor(
+        random_prompts(args.prefill_batch, args.prefill_len, cfg.vocab_size, seed=2)
+    )
 
     @torch.inference_mode()
     def prefill() -> None:
@@ -135,7 +182,9 @@ def transformers_steps(path: Path, dtype: str, args):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each step first")
@@ -143,8 +192,12 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--prefill-batch", type=int, default=8)
     parser.add_argument("--prefill-len", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--tiny", action="store_true", help="a ~0.2M-parameter model: a quick smoke run")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="a ~0.2M-parameter model: a quick smoke run"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -156,17 +209,24 @@ def main(argv=None) -> int:
         path = write_tiny_model(Path(tmp) / "model", spec)
         for dtype in args.dtypes:
             ours, theirs = octavo_steps(path, dtype, args), transformers_steps(path, dtype, args)
-            for index, step in ((0, f"decode {args.decode_batch} x ctx {args.context}"),
-                                (1, f"prefill {args.prefill_batch} x {args.prefill_len}")):
+            for index, step in (
+                (0, f"decode {args.decode_batch} x ctx {args.context}"),
+                (1, f"prefill {args.prefill_batch} x {args.prefill_len}"),
+            ):
                 ours_ms, theirs_ms = interleaved(ours[index], theirs[index], args.reps, args.warmup)
-                print(f"{dtype} {step}: octavo {ours_ms:.1f} ms, transformers {theirs_ms:.1f} ms", flush=True)
+                print(
+                    f"{dtype} {step}: octavo {ours_ms:.1f} ms, transformers {theirs_ms:.1f} ms",
+                    flush=True,
+                )
                 rows.append((dtype, step, ours_ms, theirs_ms))
             del ours, theirs
             gc.collect()
     print("\n| dtype | step | octavo ms | transformers ms | octavo speed-up |")
     print("|---|---|---|---|---|")
     for dtype, step, ours_ms, theirs_ms in rows:
-        print(f"| {dtype} | {step} | {ours_ms:.1f} | {theirs_ms:.1f} | {theirs_ms / ours_ms:.2f}x |")
+        print(
+            f"| {dtype} | {step} | {ours_ms:.1f} | {theirs_ms:.1f} | {theirs_ms / ours_ms:.2f}x |"
+        )
     return 0
 
 

@@ -51,13 +51,22 @@ def random_prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 
 
-def bench_allocate_free(block_size: int, enable_caching: bool, prefill_cache: bool, rng: random.Random) -> Timer:
+def bench_allocate_free(
+    block_size: int, enable_caching: bool, prefill_cache: bool, rng: random.Random
+) -> Timer:
     num_requests, blocks_per_request = 1000, 64
-    manager = KVCacheManager(num_requests * blocks_per_request, block_size, enable_caching=enable_caching)
+    manager = KVCacheManager(
+        num_requests * blocks_per_request, block_size, enable_caching=enable_caching
+    )
     num_tokens = blocks_per_request * block_size
 
     def make_requests(prefix: str) -> list[Request]:
-        return [Request(f"{prefix}{i}", random_prompt(rng, num_tokens), block_hasher=manager.block_hasher) for i in range(num_requests)]
+        return [
+            Request(
+                f"{prefix}{i}", random_prompt(rng, num_tokens), block_hasher=manager.block_hasher
+            )
+            for i in range(num_requests)
+        ]
 
     if prefill_cache:  # leave every block cached and free, so the timed round evicts
         warm = make_requests("w")
@@ -103,7 +112,9 @@ def bench_step(block_size: int, mixed: bool, rng: random.Random, num_steps: int 
     manager = KVCacheManager(num_running * (prompt_len + num_steps) // block_size * 2, block_size)
     running = []
     for i in range(num_running):
-        request = Request(f"r{i}", random_prompt(rng, prompt_len), block_hasher=manager.block_hasher)
+        request = Request(
+            f"r{i}", random_prompt(rng, prompt_len), block_hasher=manager.block_hasher
+        )
         manager.allocate_slots(request, prompt_len)
         request.num_computed_tokens = prompt_len
         running.append(request)
@@ -131,7 +142,9 @@ def bench_step(block_size: int, mixed: bool, rng: random.Random, num_steps: int 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args()
@@ -139,17 +152,30 @@ def main() -> None:
     bs, repeats = args.block_size, args.repeats
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"block size {bs}; median of {repeats} runs: wall (thread CPU); load average {load} on {os.cpu_count()} CPUs")
-    cases = [("caching on, fresh pool", True, False), ("caching off", False, False), ("caching on, every allocation evicts", True, True)]
+    print(
+        f"block size {bs}; median of {repeats} runs: wall (thread CPU); load average {load} on {os.cpu_count()} CPUs"
+    )
+    cases = [
+        ("caching on, fresh pool", True, False),
+        ("caching off", False, False),
+        ("caching on, every allocation evicts", True, True),
+    ]
     for label, caching, evicting in cases:
         wall, cpu = measure(lambda: bench_allocate_free(bs, caching, evicting, rng), repeats)
-        print(f"allocate+free 1000 x 64 blocks, {label:<36} {1000 / wall:8,.0f} req/s  ({1000 / cpu:,.0f})")
+        print(
+            f"allocate+free 1000 x 64 blocks, {label:<36} {1000 / wall:8,.0f} req/s  ({1000 / cpu:,.0f})"
+        )
     for algo in ("sha256", "fast"):
         wall, cpu = measure(lambda: bench_hashing(bs, algo, rng), repeats)
-        print(f"hash a 32k-token prompt, {algo:<6} {wall * 1e3:6.1f} ms = {32768 / wall / 1e6:5.2f} M tokens/s  ({32768 / cpu / 1e6:.2f})")
+        print(
+            f"hash a 32k-token prompt, {algo:<6} {wall * 1e3:6.1f} ms = {32768 / wall / 1e6:5.2f} M tokens/s  ({32768 / cpu / 1e6:.2f})"
+        )
     wall, cpu = measure(lambda: bench_lookup(bs, rng), repeats)
     print(f"lookup of a fully cached 32k-token prompt  {wall * 1e6:6.0f} us  ({cpu * 1e6:.0f})")
-    for label, mixed in [("256 decodes", False), ("256 decodes + 1 finish + 1 new 512-token prompt", True)]:
+    for label, mixed in [
+        ("256 decodes", False),
+        ("256 decodes + 1 finish + 1 new 512-token prompt", True),
+    ]:
         wall, cpu = measure(lambda: bench_step(bs, mixed, rng), repeats)
         print(f"one step, {label:<48} {wall * 1e3:6.3f} ms  ({cpu * 1e3:.3f})")
 

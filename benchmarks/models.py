@@ -1,7 +1,7 @@
 """Random-weight Llama checkpoints of the sizes the peer figures use (../shared/PEERS.md).
 
-    python benchmarks/models.py small /tmp/small-llama      # ~100M parameters, bf16 weights
-    python benchmarks/models.py tiny /tmp/tiny-llama        # ~5M parameters, fp32 weights
+python benchmarks/models.py small /tmp/small-llama      # ~100M parameters, bf16 weights
+python benchmarks/models.py tiny /tmp/tiny-llama        # ~5M parameters, fp32 weights
 """
 
 from __future__ import annotations
@@ -15,12 +15,22 @@ from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
 MODEL_SPECS = {
     "tiny": TinyModelSpec(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        intermediate_size=768, vocab_size=8192, max_position_embeddings=2048,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=768,
+        vocab_size=8192,
+        max_position_embeddings=2048,
     ),
     "small": TinyModelSpec(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-        intermediate_size=2048, vocab_size=32000, max_position_embeddings=2048,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=2048,
+        vocab_size=32000,
+        max_position_embeddings=2048,
     ),
 }
 MODEL_DTYPES = {"tiny": torch.float32, "small": torch.bfloat16}
@@ -34,7 +44,9 @@ def make_model(size: str, folder: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("size", choices=sorted(MODEL_SPECS))
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()

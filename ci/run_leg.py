@@ -1,8 +1,8 @@
 """Run one CI leg of ci/matrix.json, or every leg this machine can run (``all``).
 
-    python ci/run_leg.py cpu            # one leg
-    python ci/run_leg.py all            # every cpu_only leg, one after another
-    python ci/run_leg.py --list         # the legs, as JSON (the GitHub workflow expands this)
+python ci/run_leg.py cpu            # one leg
+python ci/run_leg.py all            # every cpu_only leg, one after another
+python ci/run_leg.py --list         # the legs, as JSON (the GitHub workflow expands this)
 """
 
 from __future__ import annotations
@@ -41,21 +41,32 @@ def run_leg(leg: dict) -> int:
             ["--pyargs", "octavo.testing.conformance", "--octavo-platform", platform],
             {**leg["env"], **extra_env},
         )
-    print(f"leg {leg['name']}: {'passed' if rc == 0 else 'FAILED'} in {time.monotonic() - started:.0f}s")
+    print(
+        f"leg {leg['name']}: {'passed' if rc == 0 else 'FAILED'} in {time.monotonic() - started:.0f}s"
+    )
     return rc
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("leg", nargs="?", default="all")
     parser.add_argument("--list", action="store_true", help="print the matrix as JSON and exit")
     args = parser.parse_args()
     if args.list:
         print(json.dumps([{"name": l["name"], "runs_on": l["runs_on"]} for l in MATRIX]))
         return 0
-    legs = [l for l in MATRIX if l["cpu_only"]] if args.leg == "all" else [l for l in MATRIX if l["name"] == args.leg]
+    legs = (
+        [l for l in MATRIX if l["cpu_only"]]
+        if args.leg == "all"
+        else [l for l in MATRIX if l["name"] == args.leg]
+    )
     if not legs:
-        print(f"unknown leg {args.leg!r}; legs: {', '.join(l['name'] for l in MATRIX)}", file=sys.stderr)
+        print(
+            f"unknown leg {args.leg!r}; legs: {', '.join(l['name'] for l in MATRIX)}",
+            file=sys.stderr,
+        )
         return 2
     failed = [leg["name"] for leg in legs if run_leg(leg) != 0]
     if failed:

@@ -33,7 +33,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  
 
 from demo_model.corpus import load_corpus, stdlib_root  # noqa: E402
 from demo_model.report import (  # noqa: E402
-    REPETITION_PENALTY, greedy_samples, plot_loss_curve, render_readme, sampled_sample, write_metrics,
+    REPETITION_PENALTY,
+    greedy_samples,
+    plot_loss_curve,
+    render_readme,
+    sampled_sample,
+    write_metrics,
 )
 from demo_model.tokenizer import SPECIAL_TOKENS, encode_documents, to_transformers, train_tokenizer  # noqa: E402
 from demo_model.training import TrainConfig, build_model, evaluate, pack_windows, train  # noqa: E402
@@ -46,25 +51,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Command-line flags; the defaults are the committed run's settings."""
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (sets training length)")
+    parser.add_argument(
+        "--steps", type=int, default=defaults.steps, help="optimizer steps (sets training length)"
+    )
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
     parser.add_argument("--lr", type=float, default=defaults.peak_lr, help="peak learning rate")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of --steps")
     parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--stdlib", type=Path, default=None, help="stdlib directory (default: this interpreter's)")
     parser.add_argument(
-        "--stop-after", type=int, default=None,
+        "--stdlib", type=Path, default=None, help="stdlib directory (default: this interpreter's)"
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
         help="end after this many steps, keeping the --steps schedule (to check a run reproduces)",
     )
     parser.add_argument(
-        "--threads", type=int, default=2,
+        "--threads",
+        type=int,
+        default=2,
         help="torch CPU threads; a run is reproducible bit for bit only with the same count",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (HuggingFace format)")
     parser.add_argument(
-        "--report-only", action="store_true",
+        "--out", type=Path, default=DEFAULT_OUT, help="output folder (HuggingFace format)"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
         help="train nothing: redo the samples of the model in --out and rewrite its metrics.json and README.md",
     )
     return parser.parse_args(argv)
@@ -80,8 +96,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError("--vocab-size must be at least 512 (256 bytes + merges + specials)")
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 20)
     return TrainConfig(
-        vocab_size=args.vocab_size, seq_len=args.seq_len, batch_size=args.batch_size, steps=args.steps,
-        peak_lr=args.lr, warmup_steps=warmup, seed=args.seed,
+        vocab_size=args.vocab_size,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        peak_lr=args.lr,
+        warmup_steps=warmup,
+        seed=args.seed,
         eval_every=max(1, min(TrainConfig().eval_every, args.steps // 10)),
     )
 
@@ -89,10 +110,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def prepare_data(args: argparse.Namespace, config: TrainConfig):
     """Tokenizer plus training and held-out windows, with corpus statistics."""
     corpus = load_corpus(args.stdlib or stdlib_root())
-    train_texts, held_out_texts = corpus.read(corpus.train_files), corpus.read(corpus.held_out_files)
+    train_texts, held_out_texts = (
+        corpus.read(corpus.train_files),
+        corpus.read(corpus.held_out_files),
+    )
     tokenizer = train_tokenizer(train_texts, config.vocab_size)
     assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-    train_docs, held_out_docs = encode_documents(tokenizer, train_texts), encode_documents(tokenizer, held_out_texts)
+    train_docs, held_out_docs = (
+        encode_documents(tokenizer, train_texts),
+        encode_documents(tokenizer, held_out_texts),
+    )
     stats = {
         "stdlib": str(corpus.root),
         "train_files": len(train_texts),
@@ -100,18 +127,26 @@ def prepare_data(args: argparse.Namespace, config: TrainConfig):
         "train_tokens": sum(map(len, train_docs)),
         "held_out_tokens": sum(map(len, held_out_docs)),
     }
-    return tokenizer, pack_windows(train_docs, config.seq_len), pack_windows(held_out_docs, config.seq_len), stats
+    return (
+        tokenizer,
+        pack_windows(train_docs, config.seq_len),
+        pack_windows(held_out_docs, config.seq_len),
+        stats,
+    )
 
 
 def save_model(model, hf_tokenizer, out: Path) -> None:
     """config.json, model.safetensors, generation_config.json and tokenizer files into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
-        bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id,
+        bos_token_id=model.config.bos_token_id,
+        eos_token_id=model.config.eos_token_id,
         pad_token_id=model.config.pad_token_id,
     )
     model.save_pretrained(out, safe_serialization=True)
-    hf_tokenizer.save_pretrained(out, save_jinja_files=False)  # chat template inside tokenizer_config.json
+    hf_tokenizer.save_pretrained(
+        out, save_jinja_files=False
+    )  # chat template inside tokenizer_config.json
     # Readers older than transformers 5 know the dtype as torch_dtype and the class by its old name.
     _update_json(out / "config.json", torch_dtype="float32")
     _update_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
@@ -123,7 +158,9 @@ def _update_json(path: Path, **fields) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def build_metrics(args, config: TrainConfig, corpus_stats: dict, history, held_out_loss: float, num_windows: int) -> dict:
+def build_metrics(
+    args, config: TrainConfig, corpus_stats: dict, history, held_out_loss: float, num_windows: int
+) -> dict:
     """Everything about the run that metrics.json and the README report."""
     recent = history.train_loss[-50:]
     return {
@@ -138,7 +175,10 @@ def build_metrics(args, config: TrainConfig, corpus_stats: dict, history, held_o
         "held_out_loss": held_out_loss,
         "held_out_perplexity": math.exp(held_out_loss),
         "final_train_loss": sum(recent) / len(recent),
-        "curve": {"eval_steps": history.eval_steps, "held_out_loss_first_windows": history.eval_loss},
+        "curve": {
+            "eval_steps": history.eval_steps,
+            "held_out_loss_first_windows": history.eval_loss,
+        },
         "train_seconds": history.train_seconds,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -189,7 +229,9 @@ def _print_samples(metrics: dict) -> None:
     for prompt, completion in metrics["samples"].items():
         print(f"--- {prompt!r} (greedy)\n{prompt}{completion}")
     for prompt, completion in metrics.get("samples_repetition_penalty", {}).items():
-        print(f"--- {prompt!r} (greedy, repetition_penalty {metrics['repetition_penalty']})\n{prompt}{completion}")
+        print(
+            f"--- {prompt!r} (greedy, repetition_penalty {metrics['repetition_penalty']})\n{prompt}{completion}"
+        )
     prompt, sampled = metrics["sampled"]["prompt"], metrics["sampled"]
     print(f"--- {prompt!r} (temperature {sampled['temperature']})\n{prompt}{sampled['completion']}")
 
@@ -215,15 +257,23 @@ def main(argv=None) -> int:
         return report_only(args.out)
     config = config_from_args(args)
     tokenizer, train_windows, held_out_windows, corpus_stats = prepare_data(args, config)
-    print(f"corpus: {corpus_stats}; {train_windows.shape[0]} training windows of {config.seq_len}", flush=True)
+    print(
+        f"corpus: {corpus_stats}; {train_windows.shape[0]} training windows of {config.seq_len}",
+        flush=True,
+    )
     model = build_model(config, {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS})
     history = train(model, train_windows, held_out_windows, config, stop_after=args.stop_after)
     held_out_loss = evaluate(model, held_out_windows)
-    print(f"held-out loss {held_out_loss:.4f} nats/token over {held_out_windows.numel()} tokens", flush=True)
+    print(
+        f"held-out loss {held_out_loss:.4f} nats/token over {held_out_windows.numel()} tokens",
+        flush=True,
+    )
     hf_tokenizer = to_transformers(tokenizer, model_max_length=config.shape.max_position_embeddings)
     save_model(model, hf_tokenizer, args.out)
     plot_loss_curve(history, config.batch_size * config.seq_len, args.out / "loss_curve.png")
-    metrics = build_metrics(args, config, corpus_stats, history, held_out_loss, train_windows.shape[0])
+    metrics = build_metrics(
+        args, config, corpus_stats, history, held_out_loss, train_windows.shape[0]
+    )
     metrics["parameters"] = sum(p.numel() for p in model.parameters())
     metrics["total_seconds"] = time.perf_counter() - started
     metrics = write_samples_and_readme(args.out, metrics)

@@ -18,8 +18,14 @@ transformers = pytest.importorskip("transformers")
 
 DEMO_MODEL_DIR = Path(octavo.__file__).resolve().parent / "data" / "demo-model"
 EXPECTED_FILES = (
-    "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-    "generation_config.json", "README.md", "loss_curve.png", "metrics.json",
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "README.md",
+    "loss_curve.png",
+    "metrics.json",
 )
 # Written for this test (not taken from the stdlib): indentation, a tab, a non-ASCII literal,
 # a docstring, and an f-string.
@@ -83,8 +89,16 @@ def test_config_declares_float32_llama_with_the_tokenizers_special_ids(tokenizer
     config = json.loads((DEMO_MODEL_DIR / "config.json").read_text())
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert config["torch_dtype"] == "float32"
-    assert config["bos_token_id"] == tokenizer.bos_token_id == tokenizer.convert_tokens_to_ids("<|bos|>")
-    assert config["eos_token_id"] == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|eos|>")
+    assert (
+        config["bos_token_id"]
+        == tokenizer.bos_token_id
+        == tokenizer.convert_tokens_to_ids("<|bos|>")
+    )
+    assert (
+        config["eos_token_id"]
+        == tokenizer.eos_token_id
+        == tokenizer.convert_tokens_to_ids("<|eos|>")
+    )
     generation = json.loads((DEMO_MODEL_DIR / "generation_config.json").read_text())
     assert generation["eos_token_id"] == config["eos_token_id"]
     assert len(tokenizer) == config["vocab_size"]
@@ -94,7 +108,10 @@ def test_loads_in_transformers_as_float32_with_the_reported_size(model):
     metrics = json.loads((DEMO_MODEL_DIR / "metrics.json").read_text())
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == metrics["parameters"]
-    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert (
+        model.get_output_embeddings().weight.data_ptr()
+        == model.get_input_embeddings().weight.data_ptr()
+    )
 
 
 def test_tokenizer_round_trips_python_source(tokenizer):
@@ -161,9 +178,13 @@ def test_readme_completions_with_repetition_penalty_are_python():
 def _greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list:
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
-        output = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
-                                pad_token_id=tokenizer.pad_token_id)
-    return output[0, inputs["input_ids"].shape[1]:].tolist()
+        output = model.generate(
+            **inputs,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    return output[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 def test_greedy_completion_of_def_is_deterministic_and_not_degenerate(model, tokenizer):
@@ -187,8 +208,12 @@ def test_octavo_greedy_output_equals_transformers(model, tokenizer):
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        llm = LLM(str(DEMO_MODEL_DIR), kv_cache_memory="8MiB", max_num_seqs=8, max_num_batched_tokens=512)
-        outputs = llm.generate(list(ENGINE_PROMPTS), SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+        llm = LLM(
+            str(DEMO_MODEL_DIR), kv_cache_memory="8MiB", max_num_seqs=8, max_num_batched_tokens=512
+        )
+        outputs = llm.generate(
+            list(ENGINE_PROMPTS), SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False
+        )
     finally:
         torch.set_num_threads(previous)
     for prompt, output in zip(ENGINE_PROMPTS, outputs):
@@ -208,7 +233,9 @@ def test_octavo_reproduces_the_readme_completions_with_repetition_penalty(model,
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        llm = LLM(str(DEMO_MODEL_DIR), kv_cache_memory="8MiB", max_num_seqs=8, max_num_batched_tokens=512)
+        llm = LLM(
+            str(DEMO_MODEL_DIR), kv_cache_memory="8MiB", max_num_seqs=8, max_num_batched_tokens=512
+        )
         params = SamplingParams(temperature=0.0, max_tokens=64, repetition_penalty=penalty)
         outputs = llm.generate(list(samples), params, use_tqdm=False)
     finally:
@@ -216,7 +243,15 @@ def test_octavo_reproduces_the_readme_completions_with_repetition_penalty(model,
     for (prompt, completion), output in zip(samples.items(), outputs):
         inputs = tokenizer(prompt, return_tensors="pt")
         with torch.no_grad():
-            expected = model.generate(**inputs, do_sample=False, max_new_tokens=64, repetition_penalty=penalty,
-                                      pad_token_id=tokenizer.pad_token_id)
-        assert list(output.outputs[0].token_ids) == expected[0, inputs["input_ids"].shape[1]:].tolist(), prompt
+            expected = model.generate(
+                **inputs,
+                do_sample=False,
+                max_new_tokens=64,
+                repetition_penalty=penalty,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        assert (
+            list(output.outputs[0].token_ids)
+            == expected[0, inputs["input_ids"].shape[1] :].tolist()
+        ), prompt
         assert tokenizer.decode(output.outputs[0].token_ids, skip_special_tokens=True) == completion

@@ -24,13 +24,21 @@ def run_vllm(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(spec["model"], dtype=spec["dtype"], enable_prefix_caching=spec["prefix_caching"], seed=0,
-              max_num_seqs=spec["max_num_seqs"], max_model_len=spec["max_model_len"])
+    llm = LLM(
+        spec["model"],
+        dtype=spec["dtype"],
+        enable_prefix_caching=spec["prefix_caching"],
+        seed=0,
+        max_num_seqs=spec["max_num_seqs"],
+        max_model_len=spec["max_model_len"],
+    )
 
     def generate(prompts, output_len):
         params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
         start = time.perf_counter()
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
         return [list(o.outputs[0].token_ids) for o in outputs], time.perf_counter() - start
 
     return timed(generate, spec)
@@ -42,12 +50,20 @@ def run_octavo(spec: dict) -> dict:
     from octavo.bench.datasets import BenchRequest
     from octavo.bench.throughput import run_throughput
 
-    llm = LLM(spec["model"], dtype=spec["dtype"], enable_prefix_caching=spec["prefix_caching"], seed=0,
-              max_num_seqs=spec["max_num_seqs"], max_model_len=spec["max_model_len"],
-              kv_cache_memory=f"{spec['kv_cache_gib']}GiB")
+    llm = LLM(
+        spec["model"],
+        dtype=spec["dtype"],
+        enable_prefix_caching=spec["prefix_caching"],
+        seed=0,
+        max_num_seqs=spec["max_num_seqs"],
+        max_model_len=spec["max_model_len"],
+        kv_cache_memory=f"{spec['kv_cache_gib']}GiB",
+    )
 
     def generate(prompts, output_len):
-        result = run_throughput(llm, [BenchRequest(tuple(p), output_len) for p in prompts], keep_token_ids=True)
+        result = run_throughput(
+            llm, [BenchRequest(tuple(p), output_len) for p in prompts], keep_token_ids=True
+        )
         return result["token_ids"], result["elapsed_s"]
 
     return timed(generate, spec)

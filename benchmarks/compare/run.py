@@ -53,58 +53,130 @@ add --extra-index-url https://download.pytorch.org/whl/cpu). Install it by hand 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=["tiny", "small", "both"], default="both")
-    parser.add_argument("--num-prompts", type=int, default=128, help="requests per offline workload and per serving level")
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=128,
+        help="requests per offline workload and per serving level",
+    )
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
+    parser.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="comma-separated subset of " + ",".join(ENGINES),
+    )
     parser.add_argument("--concurrency", default="1,10,50", help="serving concurrency sweep")
-    parser.add_argument("--serve-duration", type=float, default=120.0,
-                        help="per serving level, stop sending new requests after this many seconds")
-    parser.add_argument("--dtype", default="auto", help="dtype for every engine; auto: float32 for tiny, bfloat16 for small")
+    parser.add_argument(
+        "--serve-duration",
+        type=float,
+        default=120.0,
+        help="per serving level, stop sending new requests after this many seconds",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="dtype for every engine; auto: float32 for tiny, bfloat16 for small",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--hf-num-prompts", type=int, default=None,
-                        help="transformers runs only the first N prompts (static batches make its rate per batch; "
-                             "its bfloat16 matmul is slow on CPUs without AVX512-BF16)")
-    parser.add_argument("--kv-cache-gib", type=int, default=4,
-                        help="KV cache of both engines (vLLM: VLLM_CPU_KVCACHE_SPACE)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="OMP_NUM_THREADS for octavo and transformers (default: theirs, all cores); vLLM keeps its own")
-    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: offline,prefix,serve")
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 16 requests, concurrency 1 and 10")
-    parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV,
-                        help=f"an existing virtual env with vLLM (default: {DEFAULT_VENV.name} here, installed on first use)")
+    parser.add_argument(
+        "--hf-num-prompts",
+        type=int,
+        default=None,
+        help="transformers runs only the first N prompts (static batches make its rate per batch; "
+        "its bfloat16 matmul is slow on CPUs without AVX512-BF16)",
+    )
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=4,
+        help="KV cache of both engines (vLLM: VLLM_CPU_KVCACHE_SPACE)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS for octavo and transformers (default: theirs, all cores); vLLM keeps its own",
+    )
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to leave out: offline,prefix,serve"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: tiny model, 16 requests, concurrency 1 and 10",
+    )
+    parser.add_argument(
+        "--vllm-venv",
+        type=Path,
+        default=DEFAULT_VENV,
+        help=f"an existing virtual env with vLLM (default: {DEFAULT_VENV.name} here, installed on first use)",
+    )
     parser.add_argument("--models-dir", type=Path, default=Path("/tmp/octavo-compare-models"))
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for one offline run or one serving sweep")
-    parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds a server may take to become ready")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds for one offline run or one serving sweep",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a server may take to become ready",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("out/compare"))
-    parser.add_argument("--reuse", action="store_true",
-                        help="offline runs whose spec matches an earlier run's in --out reuse its result (resume)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="offline runs whose spec matches an earlier run's in --out reuse its result (resume)",
+    )
     args = parser.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
     if unknown := set(args.engines) - set(ENGINES):
         parser.error(f"--engines: unknown {sorted(unknown)}; choose from {ENGINES}")
     args.skip = set(filter(None, args.skip.split(",")))
     if args.quick:
-        args.size, args.num_prompts, args.concurrency, args.serve_duration = "tiny", 16, "1,10", 30.0
+        args.size, args.num_prompts, args.concurrency, args.serve_duration = (
+            "tiny",
+            16,
+            "1,10",
+            30.0,
+        )
     args.sizes = ["tiny", "small"] if args.size == "both" else [args.size]
     return args
 
 
 # --- vLLM's virtual environment ---------------------------------------------------------------
 
+
 def imports(python: Path, module: str) -> bool:
-    return python.exists() and subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    return (
+        python.exists()
+        and subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    )
 
 
 def drop_broken_extras(python: Path, log) -> None:
     """Uninstall torchvision/torchaudio/torchcodec when they cannot load: PyPI's wheels of them are CUDA builds
     (they look for libc10_cuda.so) that break ``import transformers`` beside torch+cpu; vLLM's text models need none."""
     for extra in CUDA_ONLY_EXTRAS:
-        installed = subprocess.run([python, "-m", "pip", "show", "-q", extra], capture_output=True).returncode == 0
+        installed = (
+            subprocess.run(
+                [python, "-m", "pip", "show", "-q", extra], capture_output=True
+            ).returncode
+            == 0
+        )
         if installed and not imports(python, extra):
-            subprocess.run([python, "-m", "pip", "uninstall", "-y", extra], stdout=log, stderr=subprocess.STDOUT)
+            subprocess.run(
+                [python, "-m", "pip", "uninstall", "-y", extra],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
 
 def ensure_vllm(venv: Path) -> Path:
@@ -114,18 +186,25 @@ def ensure_vllm(venv: Path) -> Path:
         return python
     if venv.resolve() != DEFAULT_VENV:
         sys.exit(f"--vllm-venv {venv}: `{python} -c 'import {VLLM_CHECK}'` fails.\n{WHAT_TO_DO}")
-    print(f"installing {VLLM_REQUIREMENT} into {venv} (once: about 3.5 GB, 5-10 minutes)", flush=True)
+    print(
+        f"installing {VLLM_REQUIREMENT} into {venv} (once: about 3.5 GB, 5-10 minutes)", flush=True
+    )
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     log = venv / "install.log"
     with log.open("w") as out:
-        subprocess.run([python, "-m", "pip", "install", VLLM_REQUIREMENT], stdout=out, stderr=subprocess.STDOUT)
+        subprocess.run(
+            [python, "-m", "pip", "install", VLLM_REQUIREMENT], stdout=out, stderr=subprocess.STDOUT
+        )
         drop_broken_extras(python, out)
     if not imports(python, VLLM_CHECK):
-        sys.exit(f"could not install {VLLM_REQUIREMENT} into {venv}; last lines of {log}:\n{tail(log)}\n{WHAT_TO_DO}")
+        sys.exit(
+            f"could not install {VLLM_REQUIREMENT} into {venv}; last lines of {log}:\n{tail(log)}\n{WHAT_TO_DO}"
+        )
     return python
 
 
 # --- what the run was made on -------------------------------------------------------------------
+
 
 def machine_info() -> dict:
     import psutil
@@ -133,19 +212,30 @@ def machine_info() -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text()
     model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
     flags = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
-    simd = sorted(f for f in (flags.group(1).split() if flags else []) if f.startswith(("avx", "amx", "fma")))
-    return {"cpu": model.group(1) if model else platform.processor(), "cores": os.cpu_count(), "simd_flags": simd,
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "os": platform.platform(),
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    simd = sorted(
+        f for f in (flags.group(1).split() if flags else []) if f.startswith(("avx", "amx", "fma"))
+    )
+    return {
+        "cpu": model.group(1) if model else platform.processor(),
+        "cores": os.cpu_count(),
+        "simd_flags": simd,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def versions(vllm_python) -> dict:
     found = {name: metadata.version(name) for name in ("octavo", "torch", "transformers")}
     found["python"] = platform.python_version()
     if vllm_python:
-        code = ("import importlib.metadata as m, json, platform; print(json.dumps({'vllm-cpu': m.version('vllm-cpu'), "
-                "'vllm venv torch': m.version('torch'), 'vllm venv python': platform.python_version()}))")
-        answer = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, check=True)
+        code = (
+            "import importlib.metadata as m, json, platform; print(json.dumps({'vllm-cpu': m.version('vllm-cpu'), "
+            "'vllm venv torch': m.version('torch'), 'vllm venv python': platform.python_version()}))"
+        )
+        answer = subprocess.run(
+            [vllm_python, "-c", code], capture_output=True, text=True, check=True
+        )
         found.update(json.loads(answer.stdout))
     return found
 
@@ -161,6 +251,7 @@ def rotate(engines: list[str], turn: int) -> list[str]:
 
 # --- offline runs --------------------------------------------------------------------------------
 
+
 def engine_env(engine: str, args) -> dict:
     env = dict(os.environ)
     if engine == "vllm":
@@ -172,16 +263,31 @@ def engine_env(engine: str, args) -> dict:
     return env
 
 
-def offline_run(engine: str, name: str, model: Path, dtype: str, prompts: list, prefix_caching: bool, args) -> dict:
+def offline_run(
+    engine: str, name: str, model: Path, dtype: str, prompts: list, prefix_caching: bool, args
+) -> dict:
     """Run offline_worker.py for one engine in its own process; its figures, or an ``error``."""
-    spec = {"engine": engine, "model": str(model), "dtype": dtype, "output_len": args.output_len,
-            "prefix_caching": prefix_caching, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN,
-            "kv_cache_gib": args.kv_cache_gib, "hf_batch_size": args.hf_batch_size}
+    spec = {
+        "engine": engine,
+        "model": str(model),
+        "dtype": dtype,
+        "output_len": args.output_len,
+        "prefix_caching": prefix_caching,
+        "max_num_seqs": MAX_NUM_SEQS,
+        "max_model_len": MAX_MODEL_LEN,
+        "kv_cache_gib": args.kv_cache_gib,
+        "hf_batch_size": args.hf_batch_size,
+    }
     work = args.out / "runs" / name
     work.mkdir(parents=True, exist_ok=True)
     spec_text = json.dumps({**spec, "prompts": prompts})
     python = args.vllm_python if engine == "vllm" else sys.executable
-    command = [str(python), str(HERE / "offline_worker.py"), str(work / "spec.json"), str(work / "result.json")]
+    command = [
+        str(python),
+        str(HERE / "offline_worker.py"),
+        str(work / "spec.json"),
+        str(work / "result.json"),
+    ]
     print(f"  {name}: {engine} offline, {len(prompts)} requests ...", flush=True)
     row = {"engine": engine, "settings": spec, "num_prompts": len(prompts)}
     reusable = (work / "result.json").exists() and (work / "spec.json").exists()
@@ -193,11 +299,17 @@ def offline_run(engine: str, name: str, model: Path, dtype: str, prompts: list, 
         (work / "spec.json").write_text(spec_text)
         status = run_logged(command, engine_env(engine, args), work / "log.txt", args.timeout)
     if status:
-        print(f"    FAILED: {status}; last lines of {work / 'log.txt'}:\n{tail(work / 'log.txt')}", flush=True)
+        print(
+            f"    FAILED: {status}; last lines of {work / 'log.txt'}:\n{tail(work / 'log.txt')}",
+            flush=True,
+        )
         return {**row, "error": status}
     result = json.loads((work / "result.json").read_text())
-    print(f"    {result['output_tokens'] / result['seconds']:,.0f} output tok/s ({result['seconds']:.1f} s timed, "
-          f"{result['process_seconds']:.0f} s in all)", flush=True)
+    print(
+        f"    {result['output_tokens'] / result['seconds']:,.0f} output tok/s ({result['seconds']:.1f} s timed, "
+        f"{result['process_seconds']:.0f} s in all)",
+        flush=True,
+    )
     return {**row, **result, "output_throughput": result["output_tokens"] / result["seconds"]}
 
 
@@ -207,7 +319,9 @@ def run_logged(command: list[str], env: dict, log: Path, timeout: float) -> str 
         out.write(shlex.join(command) + "\n")
         out.flush()
         try:
-            rc = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            rc = subprocess.run(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout:.0f} s (raise --timeout)"
     return None if rc == 0 else f"exit status {rc}"
@@ -223,26 +337,46 @@ def identical(rows: dict, a: str, b: str) -> dict | None:
 
 def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: int) -> dict:
     """Random token-id prompts, lengths uniform in INPUT_LEN, fixed output length: every engine."""
-    requests = random_requests(args.num_prompts, INPUT_LEN, (args.output_len,) * 2, vocab, args.seed)
+    requests = random_requests(
+        args.num_prompts, INPUT_LEN, (args.output_len,) * 2, vocab, args.seed
+    )
     prompts = [list(r.prompt_token_ids) for r in requests]
     rows = {}
     for e in rotate(args.engines, turn):
-        mine = prompts[: args.hf_num_prompts] if e == "transformers" and args.hf_num_prompts else prompts
+        mine = (
+            prompts[: args.hf_num_prompts]
+            if e == "transformers" and args.hf_num_prompts
+            else prompts
+        )
         rows[e] = offline_run(e, f"{size}-offline-{e}", model, dtype, mine, True, args)
-    checks = [c for c in (identical(rows, "octavo", "vllm"), identical(rows, "octavo", "transformers")) if c]
-    return {"model": size, "dtype": dtype, "workload": "random", "rows": strip_tokens(rows), "identical": checks}
+    checks = [
+        c
+        for c in (identical(rows, "octavo", "vllm"), identical(rows, "octavo", "transformers"))
+        if c
+    ]
+    return {
+        "model": size,
+        "dtype": dtype,
+        "workload": "random",
+        "rows": strip_tokens(rows),
+        "identical": checks,
+    }
 
 
 def prefix_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: int) -> dict:
     """A common PREFIX_LEN-token prefix plus PREFIX_OWN_LEN own tokens: vLLM and octavo, caching off then on."""
-    requests = prefix_requests(args.num_prompts, PREFIX_LEN, PREFIX_OWN_LEN, (args.output_len,) * 2, vocab, args.seed)
+    requests = prefix_requests(
+        args.num_prompts, PREFIX_LEN, PREFIX_OWN_LEN, (args.output_len,) * 2, vocab, args.seed
+    )
     prompts = [list(r.prompt_token_ids) for r in requests]
     engines = [e for e in args.engines if e != "transformers"]
     result = {"model": size, "dtype": dtype, "workload": "prefix", "rows": {}, "identical": []}
     for i, caching in enumerate((False, True)):
         label = "cache" if caching else "nocache"
-        rows = {e: offline_run(e, f"{size}-prefix-{label}-{e}", model, dtype, prompts, caching, args)
-                for e in rotate(engines, turn + i)}
+        rows = {
+            e: offline_run(e, f"{size}-prefix-{label}-{e}", model, dtype, prompts, caching, args)
+            for e in rotate(engines, turn + i)
+        }
         if check := identical(rows, "octavo", "vllm"):
             result["identical"].append({**check, "prefix_caching": caching})
         result["rows"][label] = strip_tokens(rows)
@@ -255,16 +389,46 @@ def strip_tokens(rows: dict) -> dict:
 
 # --- servers ---------------------------------------------------------------------------------------
 
+
 def server_command(engine: str, model: Path, dtype: str, port: int, args) -> list[str]:
-    common = ["--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-num-seqs", str(MAX_NUM_SEQS),
-              "--max-model-len", str(MAX_MODEL_LEN)]
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+    ]
     if engine == "vllm":
         # vllm-cpu 0.32.0's `vllm` console script looks up the metadata of a package named "vllm" and fails;
         # this is the same API server (the module `vllm serve` runs), started directly.
-        return [str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), *common,
-                "--seed", str(args.seed)]
-    return [sys.executable, "-m", "octavo.cli", "serve", str(model), *common, "--kv-cache-memory", f"{args.kv_cache_gib}GiB",
-            "--disable-log-requests", "--uvicorn-log-level", "warning"]
+        return [
+            str(args.vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            *common,
+            "--seed",
+            str(args.seed),
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "serve",
+        str(model),
+        *common,
+        "--kv-cache-memory",
+        f"{args.kv_cache_gib}GiB",
+        "--disable-log-requests",
+        "--uvicorn-log-level",
+        "warning",
+    ]
 
 
 def tree_rss_mib(pid: int) -> float:
@@ -283,10 +447,14 @@ def start_server(engine: str, command: list[str], args, log: Path):
     url = f"http://127.0.0.1:{port}"
     out = log.open("w")
     start = time.perf_counter()
-    process = subprocess.Popen(command, env=engine_env(engine, args), stdout=out, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command, env=engine_env(engine, args), stdout=out, stderr=subprocess.STDOUT
+    )
     while time.perf_counter() - start < args.start_timeout:
         if process.poll() is not None:
-            raise RuntimeError(f"{engine} server exited with {process.returncode} before it was ready:\n{tail(log)}")
+            raise RuntimeError(
+                f"{engine} server exited with {process.returncode} before it was ready:\n{tail(log)}"
+            )
         try:
             if httpx.get(url + READY_PATH[engine], timeout=30).status_code == 200:
                 return process, url, time.perf_counter() - start
@@ -294,16 +462,44 @@ def start_server(engine: str, command: list[str], args, log: Path):
             pass
         time.sleep(0.1)
     stop_server(process)
-    raise RuntimeError(f"{engine} server not ready after {args.start_timeout:.0f} s (raise --start-timeout):\n{tail(log)}")
+    raise RuntimeError(
+        f"{engine} server not ready after {args.start_timeout:.0f} s (raise --start-timeout):\n{tail(log)}"
+    )
 
 
 def bench_serve_command(url: str, pid: int, vocab: int, args, out_json: Path) -> list[str]:
     """``octavo bench serve`` against ``url``: token-id prompts as in the offline workload, bounded per level."""
-    return [sys.executable, "-m", "octavo.cli", "bench", "serve", "--base-url", url, "--vocab-size", str(vocab),
-            "--dataset", "random", "--input-len", *map(str, INPUT_LEN), "--output-len", str(args.output_len),
-            str(args.output_len), "--num-prompts", str(args.num_prompts), "--dataset-seed", str(args.seed),
-            "--max-concurrency", args.concurrency, "--duration", str(args.serve_duration),
-            "--server-pid", str(pid), "--output-json", str(out_json), "--disable-tqdm"]
+    return [
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "bench",
+        "serve",
+        "--base-url",
+        url,
+        "--vocab-size",
+        str(vocab),
+        "--dataset",
+        "random",
+        "--input-len",
+        *map(str, INPUT_LEN),
+        "--output-len",
+        str(args.output_len),
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--dataset-seed",
+        str(args.seed),
+        "--max-concurrency",
+        args.concurrency,
+        "--duration",
+        str(args.serve_duration),
+        "--server-pid",
+        str(pid),
+        "--output-json",
+        str(out_json),
+        "--disable-tqdm",
+    ]
 
 
 def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, args) -> dict:
@@ -319,7 +515,10 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
         print(f"    FAILED: {exc}", flush=True)
         return {**row, "error": str(exc).splitlines()[0]}
     row.update(startup_s=startup, ready_rss_mib=tree_rss_mib(process.pid))
-    print(f"    ready after {startup:.1f} s; octavo bench serve at concurrency {args.concurrency} ...", flush=True)
+    print(
+        f"    ready after {startup:.1f} s; octavo bench serve at concurrency {args.concurrency} ...",
+        flush=True,
+    )
     bench = bench_serve_command(url, process.pid, vocab, args, work / "serve.json")
     row["bench_command"] = shlex.join(bench)
     status = run_logged(bench, dict(os.environ), work / "bench.log", args.timeout)
@@ -327,9 +526,15 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
     stop_server(process)
     if died:
         status = f"the {engine} server died during the benchmark (exit {process.returncode})"
-        print(f"    {status}; last lines of {work / 'server.log'}:\n{tail(work / 'server.log')}", flush=True)
+        print(
+            f"    {status}; last lines of {work / 'server.log'}:\n{tail(work / 'server.log')}",
+            flush=True,
+        )
     if not (work / "serve.json").exists():
-        print(f"    FAILED: {status}; last lines of {work / 'bench.log'}:\n{tail(work / 'bench.log')}", flush=True)
+        print(
+            f"    FAILED: {status}; last lines of {work / 'bench.log'}:\n{tail(work / 'bench.log')}",
+            flush=True,
+        )
         return {**row, "error": status}
     runs = json.loads((work / "serve.json").read_text())["runs"]
     peak = max((r.get("server_peak_rss_mib", 0.0) for r in runs), default=0.0)
@@ -345,6 +550,7 @@ def serve_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: i
 
 # --- report ------------------------------------------------------------------------------------------
 
+
 def fmt(value, digits: int = 0) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
@@ -358,25 +564,33 @@ def tok_s(row: dict | None):
 
 
 def offline_table(results: dict) -> list[str]:
-    lines = ["| model | dtype | requests | vLLM tok/s | octavo tok/s | transformers tok/s | octavo / vLLM | octavo / transformers | identical greedy outputs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | dtype | requests | vLLM tok/s | octavo tok/s | transformers tok/s | octavo / vLLM | octavo / transformers | identical greedy outputs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for w in results["offline"]:
         v, o, t = (tok_s(w["rows"].get(e)) for e in ENGINES)
         same = "; ".join(f"{c['pair']}: {c['identical']}/{c['of']}" for c in w["identical"]) or "–"
-        lines.append(f"| {w['model']} | {w['dtype']} | {results['num_prompts']} | {fmt(v)} | {fmt(o)} | {fmt(t)} | "
-                     f"{ratio(o, v)} | {ratio(o, t)} | {same} |")
+        lines.append(
+            f"| {w['model']} | {w['dtype']} | {results['num_prompts']} | {fmt(v)} | {fmt(o)} | {fmt(t)} | "
+            f"{ratio(o, v)} | {ratio(o, t)} | {same} |"
+        )
     return lines
 
 
 def prefix_table(results: dict) -> list[str]:
-    lines = ["| model | engine | no caching tok/s | caching tok/s | caching / no caching | octavo / vLLM (caching) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | engine | no caching tok/s | caching tok/s | caching / no caching | octavo / vLLM (caching) |",
+        "|---|---|---|---|---|---|",
+    ]
     for w in results["prefix"]:
         cached = {e: tok_s(r) for e, r in w["rows"].get("cache", {}).items()}
         for engine, row in w["rows"].get("nocache", {}).items():
             plain, hit = tok_s(row), cached.get(engine)
             versus = ratio(cached.get("octavo"), cached.get("vllm")) if engine == "octavo" else ""
-            lines.append(f"| {w['model']} | {engine} | {fmt(plain)} | {fmt(hit)} | {ratio(hit, plain)} | {versus} |")
+            lines.append(
+                f"| {w['model']} | {engine} | {fmt(plain)} | {fmt(hit)} | {ratio(hit, plain)} | {versus} |"
+            )
     return lines
 
 
@@ -385,47 +599,81 @@ def level(row: dict, concurrency: int) -> dict:
 
 
 def serve_table(results: dict) -> list[str]:
-    lines = ["| model | concurrency | engine | done | output tok/s | TTFT p50 / p95 ms | ITL p50 / p95 ms | octavo / vLLM tok/s | octavo / vLLM TTFT p50 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | concurrency | engine | done | output tok/s | TTFT p50 / p95 ms | ITL p50 / p95 ms | octavo / vLLM tok/s | octavo / vLLM TTFT p50 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for w in results["serve"]:
-        for c in sorted({r["max_concurrency"] for row in w["rows"].values() for r in row.get("runs", [])}):
+        for c in sorted(
+            {r["max_concurrency"] for row in w["rows"].values() for r in row.get("runs", [])}
+        ):
             o, v = level(w["rows"].get("octavo", {}), c), level(w["rows"].get("vllm", {}), c)
             for engine, fig in (("vllm", v), ("octavo", o)):
                 if not fig:
                     continue
-                extra = (f"{ratio(o.get('output_throughput'), v.get('output_throughput'))} | "
-                         f"{ratio(o.get('ttft_p50_ms'), v.get('ttft_p50_ms'))}") if engine == "octavo" else " | "
-                lines.append(f"| {w['model']} | {c} | {engine} | {fig['completed']} | {fmt(fig['output_throughput'])} | "
-                             f"{fmt(fig['ttft_p50_ms'])} / {fmt(fig['ttft_p95_ms'])} | {fmt(fig['itl_p50_ms'], 1)} / "
-                             f"{fmt(fig['itl_p95_ms'], 1)} | {extra} |")
+                extra = (
+                    (
+                        f"{ratio(o.get('output_throughput'), v.get('output_throughput'))} | "
+                        f"{ratio(o.get('ttft_p50_ms'), v.get('ttft_p50_ms'))}"
+                    )
+                    if engine == "octavo"
+                    else " | "
+                )
+                lines.append(
+                    f"| {w['model']} | {c} | {engine} | {fig['completed']} | {fmt(fig['output_throughput'])} | "
+                    f"{fmt(fig['ttft_p50_ms'])} / {fmt(fig['ttft_p95_ms'])} | {fmt(fig['itl_p50_ms'], 1)} / "
+                    f"{fmt(fig['itl_p95_ms'], 1)} | {extra} |"
+                )
     return lines
 
 
 def startup_table(results: dict) -> list[str]:
-    lines = ["| model | engine | start-up s (start → ready) | RSS at ready MiB | peak RSS under load MiB |", "|---|---|---|---|---|"]
+    lines = [
+        "| model | engine | start-up s (start → ready) | RSS at ready MiB | peak RSS under load MiB |",
+        "|---|---|---|---|---|",
+    ]
     for w in results["serve"]:
         for engine, row in w["rows"].items():
-            lines.append(f"| {w['model']} | {engine} | {fmt(row.get('startup_s'), 1)} | {fmt(row.get('ready_rss_mib'))} | "
-                         f"{fmt(row.get('peak_rss_mib') or None)} |")
+            lines.append(
+                f"| {w['model']} | {engine} | {fmt(row.get('startup_s'), 1)} | {fmt(row.get('ready_rss_mib'))} | "
+                f"{fmt(row.get('peak_rss_mib') or None)} |"
+            )
     return lines
 
 
 def markdown(results: dict) -> str:
     m, s = results["machine"], results["settings"]
-    head = [f"Command: `{results['command']}`", "",
-            f"Date: {results['date']} (took {results.get('wall_s', 0) / 60:.0f} min). Machine: {m['cpu']}, {m['cores']} cores, "
-            f"{m['memory_gib']} GiB, flags {' '.join(m['simd_flags'])}; load average at start {m['load_average_at_start']}.",
-            "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".",
-            "Settings: " + "; ".join(f"{k}: {v}" for k, v in s.items()) + "."]
+    head = [
+        f"Command: `{results['command']}`",
+        "",
+        f"Date: {results['date']} (took {results.get('wall_s', 0) / 60:.0f} min). Machine: {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory_gib']} GiB, flags {' '.join(m['simd_flags'])}; load average at start {m['load_average_at_start']}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".",
+        "Settings: " + "; ".join(f"{k}: {v}" for k, v in s.items()) + ".",
+    ]
     parts = [head]
-    for title, key, table in (("Offline throughput", "offline", offline_table), ("Prefix-shared workload", "prefix", prefix_table),
-                              ("Serving", "serve", serve_table), ("Start-up and memory", "serve", startup_table)):
+    for title, key, table in (
+        ("Offline throughput", "offline", offline_table),
+        ("Prefix-shared workload", "prefix", prefix_table),
+        ("Serving", "serve", serve_table),
+        ("Start-up and memory", "serve", startup_table),
+    ):
         if results[key]:
             parts.append([f"### {title}", "", *table(results)])
-    failures = [f"- {w['model']} {k}: {e}: {r['error']}" for k in ("offline", "serve") for w in results[k]
-                for e, r in w["rows"].items() if "error" in r]
-    failures += [f"- {w['model']} prefix {c} {e}: {r['error']}" for w in results["prefix"]
-                 for c, rows in w["rows"].items() for e, r in rows.items() if "error" in r]
+    failures = [
+        f"- {w['model']} {k}: {e}: {r['error']}"
+        for k in ("offline", "serve")
+        for w in results[k]
+        for e, r in w["rows"].items()
+        if "error" in r
+    ]
+    failures += [
+        f"- {w['model']} prefix {c} {e}: {r['error']}"
+        for w in results["prefix"]
+        for c, rows in w["rows"].items()
+        for e, r in rows.items()
+        if "error" in r
+    ]
     if failures:
         parts.append(["### Failures", "", *failures])
     return "\n\n".join("\n".join(p) for p in parts) + "\n"
@@ -434,20 +682,20 @@ def markdown(results: dict) -> str:
 def settings(args) -> dict:
     return {
         "workload": f"{args.num_prompts} token-id prompts, lengths uniform {INPUT_LEN[0]}-{INPUT_LEN[1]} (seed {args.seed}), "
-                    f"{args.output_len} output tokens, greedy, EOS ignored",
+        f"{args.output_len} output tokens, greedy, EOS ignored",
         "prefix workload": f"common {PREFIX_LEN}-token prefix + {PREFIX_OWN_LEN[0]}-{PREFIX_OWN_LEN[1]} own tokens",
         "both engines": f"max_num_seqs {MAX_NUM_SEQS}, max_model_len {MAX_MODEL_LEN}, KV cache {args.kv_cache_gib} GiB, "
-                        "prefix caching on except in the prefix workload's 'no caching' runs, one short warm-up generation offline, "
-                        "other settings and thread placement each engine's default",
+        "prefix caching on except in the prefix workload's 'no caching' runs, one short warm-up generation offline, "
+        "other settings and thread placement each engine's default",
         "vLLM": f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}; ready = GET /health",
         "octavo": f"--kv-cache-memory {args.kv_cache_gib}GiB; ready = GET /health/ready"
-                  + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
+        + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
         "transformers": f"generate, static batches of {args.hf_batch_size}, left padding, EOS suppressed"
-                        + (f", first {args.hf_num_prompts} prompts only" if args.hf_num_prompts else "")
-                        + "; OMP_WAIT_POLICY=PASSIVE as octavo's"
-                        + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
+        + (f", first {args.hf_num_prompts} prompts only" if args.hf_num_prompts else "")
+        + "; OMP_WAIT_POLICY=PASSIVE as octavo's"
+        + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
         "serving": f"octavo bench serve, streaming /v1/completions, concurrency {args.concurrency}, at most {args.num_prompts} "
-                   f"requests and {args.serve_duration:.0f} s of sending per level, one warm-up request",
+        f"requests and {args.serve_duration:.0f} s of sending per level, one warm-up request",
     }
 
 
@@ -456,17 +704,30 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     args.vllm_python = ensure_vllm(args.vllm_venv) if "vllm" in args.engines else None
-    results = {"command": shlex.join([os.path.relpath(sys.executable), *sys.argv]), "num_prompts": args.num_prompts,
-               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               "machine": machine_info(), "versions": versions(args.vllm_python), "settings": settings(args),
-               "offline": [], "prefix": [], "serve": []}
+    results = {
+        "command": shlex.join([os.path.relpath(sys.executable), *sys.argv]),
+        "num_prompts": args.num_prompts,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(),
+        "versions": versions(args.vllm_python),
+        "settings": settings(args),
+        "offline": [],
+        "prefix": [],
+        "serve": [],
+    }
     turn = 0
     for size in args.sizes:
         model = make_model(size, args.models_dir / size)
-        dtype = str(MODEL_DTYPES[size]).removeprefix("torch.") if args.dtype == "auto" else args.dtype
+        dtype = (
+            str(MODEL_DTYPES[size]).removeprefix("torch.") if args.dtype == "auto" else args.dtype
+        )
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         print(f"== {size} model ({model}, {dtype})", flush=True)
-        for part, run in (("offline", offline_workload), ("prefix", prefix_workload), ("serve", serve_workload)):
+        for part, run in (
+            ("offline", offline_workload),
+            ("prefix", prefix_workload),
+            ("serve", serve_workload),
+        ):
             if part not in args.skip:
                 results[part].append(run(size, model, dtype, vocab, args, turn))
                 turn += 1

@@ -25,7 +25,9 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="LLM inference and serving engine")
     commands = parser.add_subparsers(dest="command", required=True)
-    env = commands.add_parser("env", help="print discovered plugins, what they detected, and the platform chosen")
+    env = commands.add_parser(
+        "env", help="print discovered plugins, what they detected, and the platform chosen"
+    )
     env.add_argument("--device", default=None, help="platform to force, as at serve time")
     env.set_defaults(run=_env)
     from octavo.entrypoints.openai.serve import add_serve_args

@@ -32,7 +32,9 @@ def parse_memory_size(text: str | int | None) -> Optional[int]:
             return int(float(s[:-1]) * units[s[-1]])
         return int(s)
     except ValueError:
-        raise ConfigError(f"cannot read memory size {text!r}; write e.g. 4GiB, 512MiB or a byte count") from None
+        raise ConfigError(
+            f"cannot read memory size {text!r}; write e.g. 4GiB, 512MiB or a byte count"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,9 @@ def json_object(text: str) -> dict:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"temperature\": 0.5}}', got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object like '{{\"temperature\": 0.5}}', got {text!r}"
+        )
     return value
 
 
@@ -122,13 +126,19 @@ class EngineArgs:
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
-                raise ConfigError(f"{field} must be one of {', '.join(allowed)}; got {getattr(self, field)!r}")
+                raise ConfigError(
+                    f"{field} must be one of {', '.join(allowed)}; got {getattr(self, field)!r}"
+                )
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size")
         for field in positive:
             if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
-                raise ConfigError(f"{field} must be a positive integer; got {getattr(self, field)!r}")
+                raise ConfigError(
+                    f"{field} must be a positive integer; got {getattr(self, field)!r}"
+                )
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"gpu_memory_utilization must be in (0, 1]; got {self.gpu_memory_utilization!r}")
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1]; got {self.gpu_memory_utilization!r}"
+            )
         if self.swap_space < 0:
             raise ConfigError(f"swap_space must be >= 0 GiB; got {self.swap_space!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -137,10 +147,12 @@ class EngineArgs:
             raise ConfigError(
                 f"generation_config must be 'auto', 'vllm' or a folder path; got {self.generation_config!r}"
             )
-        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
+        if self.override_generation_config is not None and not isinstance(
+            self.override_generation_config, dict
+        ):
             raise ConfigError(
                 "override_generation_config must be a dict (a JSON object on the command line), e.g. "
-                f"{{\"temperature\": 0.5}}; got {self.override_generation_config!r}"
+                f'{{"temperature": 0.5}}; got {self.override_generation_config!r}'
             )
         check_quantization(self.quantization)
 
@@ -178,26 +190,42 @@ class EngineArgs:
         group.add_argument("--max-model-len", type=int, default=None)
         group.add_argument("--block-size", type=int, default=16)
         group.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-        group.add_argument("--kv-cache-memory", default=None, help="KV cache size, e.g. 4GiB (wins over --gpu-memory-utilization)")
-        group.add_argument("--swap-space", type=float, default=4.0, help="GiB of host memory for swapped-out KV blocks")
-        group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        group.add_argument(
+            "--kv-cache-memory",
+            default=None,
+            help="KV cache size, e.g. 4GiB (wins over --gpu-memory-utilization)",
+        )
+        group.add_argument(
+            "--swap-space",
+            type=float,
+            default=4.0,
+            help="GiB of host memory for swapped-out KV blocks",
+        )
+        group.add_argument(
+            "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+        )
         group.add_argument("--prefix-caching-hash-algo", default="sha256", choices=HASH_ALGOS)
         group.add_argument("--max-num-seqs", type=int, default=256)
         group.add_argument("--max-num-batched-tokens", type=int, default=2048)
-        group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+        group.add_argument(
+            "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+        )
         group.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
         group.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
         group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
         group.add_argument("--quantization", "-q", default=None, choices=[None, *QUANTIZATIONS])
         group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
         group.add_argument(
-            "--generation-config", default="auto",
+            "--generation-config",
+            default="auto",
             help="request defaults (temperature, top_k, top_p, min_p, repetition_penalty) and the max_new_tokens "
             "cap from the model's generation_config.json ('auto'), none ('vllm'), or a folder's",
         )
         group.add_argument(
-            "--override-generation-config", type=json_object, default=None,
-            help='JSON object of generation-config fields that win over the file\'s, e.g. \'{"temperature": 0.5}\'',
+            "--override-generation-config",
+            type=json_object,
+            default=None,
+            help="JSON object of generation-config fields that win over the file's, e.g. '{\"temperature\": 0.5}'",
         )
         return parser
 

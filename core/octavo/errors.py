@@ -21,7 +21,9 @@ class RequestError(RuntimeError):
     an error no request can be blamed for still stops the engine."""
 
     def __init__(self, messages: dict[str, str]) -> None:
-        super().__init__("; ".join(f"{request_id}: {message}" for request_id, message in messages.items()))
+        super().__init__(
+            "; ".join(f"{request_id}: {message}" for request_id, message in messages.items())
+        )
         self.messages = dict(messages)
 
     @property

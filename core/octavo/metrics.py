@@ -17,8 +17,41 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 REQUEST_STATUSES = ("finished", "aborted", "failed", "invalid", "rejected")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+)
 
 
 class EngineMetrics:
@@ -27,20 +60,58 @@ class EngineMetrics:
     def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter("octavo_requests", "Requests by outcome: finished, aborted (client gone), failed (engine error), invalid (400/404), rejected (queue full)", ["status"], registry=r)
+        self.requests = Counter(
+            "octavo_requests",
+            "Requests by outcome: finished, aborted (client gone), failed (engine error), invalid (400/404), rejected (queue full)",
+            ["status"],
+            registry=r,
+        )
         for status in REQUEST_STATUSES:
             self.requests.labels(status)  # export zeros from the start
-        self.request_latency = Histogram("octavo_request_latency_seconds", "Arrival to finish of finished requests", buckets=LATENCY_BUCKETS, registry=r)
-        self.time_to_first_token = Histogram("octavo_time_to_first_token_seconds", "Arrival to first output token", buckets=TTFT_BUCKETS, registry=r)
-        self.inter_token_latency = Histogram("octavo_inter_token_latency_seconds", "Mean time between output tokens, one observation per finished request", buckets=ITL_BUCKETS, registry=r)
-        self.tokens_generated = Counter("octavo_tokens_generated", "Output tokens generated", registry=r)
-        self.prompt_tokens = Counter("octavo_prompt_tokens", "Prompt tokens of requests admitted to the engine", registry=r)
-        self.num_preempted = Counter("octavo_num_requests_preempted", "Preemptions (recompute or swap)", registry=r)
-        self.num_running = Gauge("octavo_num_requests_running", "Requests in the running batch", registry=r)
-        self.num_waiting = Gauge("octavo_num_requests_waiting", "Requests waiting to be scheduled (swapped-out ones included)", registry=r)
-        self.kv_cache_usage = Gauge("octavo_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
-        self.prefix_cache_queries = Counter("octavo_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r)
-        self.prefix_cache_hits = Counter("octavo_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
+        self.request_latency = Histogram(
+            "octavo_request_latency_seconds",
+            "Arrival to finish of finished requests",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.time_to_first_token = Histogram(
+            "octavo_time_to_first_token_seconds",
+            "Arrival to first output token",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "octavo_inter_token_latency_seconds",
+            "Mean time between output tokens, one observation per finished request",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.tokens_generated = Counter(
+            "octavo_tokens_generated", "Output tokens generated", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "octavo_prompt_tokens", "Prompt tokens of requests admitted to the engine", registry=r
+        )
+        self.num_preempted = Counter(
+            "octavo_num_requests_preempted", "Preemptions (recompute or swap)", registry=r
+        )
+        self.num_running = Gauge(
+            "octavo_num_requests_running", "Requests in the running batch", registry=r
+        )
+        self.num_waiting = Gauge(
+            "octavo_num_requests_waiting",
+            "Requests waiting to be scheduled (swapped-out ones included)",
+            registry=r,
+        )
+        self.kv_cache_usage = Gauge(
+            "octavo_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r
+        )
+        self.prefix_cache_queries = Counter(
+            "octavo_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "octavo_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r
+        )
         # Last seen cumulative values of the engine core (touched by the engine thread only).
         self._seen_preempted = 0
         self._seen_queries = 0
@@ -76,7 +147,9 @@ class EngineMetrics:
             self.time_to_first_token.observe(metrics.first_token_time - metrics.arrival_time)
             num_gaps = metrics.num_generation_tokens - 1
             if num_gaps > 0 and metrics.last_token_time is not None:
-                self.inter_token_latency.observe((metrics.last_token_time - metrics.first_token_time) / num_gaps)
+                self.inter_token_latency.observe(
+                    (metrics.last_token_time - metrics.first_token_time) / num_gaps
+                )
 
     def on_request_failed(self) -> None:
         """A request ended by an engine error."""
@@ -89,9 +162,15 @@ class EngineMetrics:
         self.num_running.set(len(scheduler.running))
         self.num_waiting.set(len(scheduler.waiting) + len(scheduler.swapped))
         self.kv_cache_usage.set(kv.usage)
-        self._seen_preempted = _add_difference(self.num_preempted, scheduler.stats.num_preempted_total, self._seen_preempted)
-        self._seen_queries = _add_difference(self.prefix_cache_queries, kv.prefix_cache_queries, self._seen_queries)
-        self._seen_hits = _add_difference(self.prefix_cache_hits, kv.prefix_cache_hits, self._seen_hits)
+        self._seen_preempted = _add_difference(
+            self.num_preempted, scheduler.stats.num_preempted_total, self._seen_preempted
+        )
+        self._seen_queries = _add_difference(
+            self.prefix_cache_queries, kv.prefix_cache_queries, self._seen_queries
+        )
+        self._seen_hits = _add_difference(
+            self.prefix_cache_hits, kv.prefix_cache_hits, self._seen_hits
+        )
 
     def render(self) -> bytes:
         """The registry in Prometheus' text exposition format."""

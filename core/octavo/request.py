@@ -90,7 +90,9 @@ class Request:
             )
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.sampling_params = _DEFAULT_SAMPLING_PARAMS if sampling_params is None else sampling_params
+        self.sampling_params = (
+            _DEFAULT_SAMPLING_PARAMS if sampling_params is None else sampling_params
+        )
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt

@@ -46,7 +46,11 @@ def load_sampling_defaults(
             )
         source = read_json(path)
     source.update(override or {})
-    defaults = {ours: source[theirs] for theirs, ours in GENERATION_CONFIG_FIELDS.items() if source.get(theirs) is not None}
+    defaults = {
+        ours: source[theirs]
+        for theirs, ours in GENERATION_CONFIG_FIELDS.items()
+        if source.get(theirs) is not None
+    }
     try:
         SamplingParams(**defaults)
     except ValueError as exc:

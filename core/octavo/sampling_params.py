@@ -90,9 +90,17 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif self.stop is not None:
-            _require(isinstance(self.stop, (list, tuple)), "stop", f"must be a string or a list of strings, got {self.stop!r}")
+            _require(
+                isinstance(self.stop, (list, tuple)),
+                "stop",
+                f"must be a string or a list of strings, got {self.stop!r}",
+            )
             object.__setattr__(self, "stop", tuple(self.stop))
-        _require(isinstance(self.stop_token_ids, (list, tuple)) or self.stop_token_ids is None, "stop_token_ids", f"must be a list of token ids, got {self.stop_token_ids!r}")
+        _require(
+            isinstance(self.stop_token_ids, (list, tuple)) or self.stop_token_ids is None,
+            "stop_token_ids",
+            f"must be a list of token ids, got {self.stop_token_ids!r}",
+        )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", self._normalised_logit_bias())
@@ -100,60 +108,138 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         self._validate_sampling()
         if 0 < self.temperature < MIN_TEMPERATURE:
-            logger.debug("temperature %s is below %s, where float32 logits overflow; using %s",
-                         self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            logger.debug(
+                "temperature %s is below %s, where float32 logits overflow; using %s",
+                self.temperature,
+                MIN_TEMPERATURE,
+                MIN_TEMPERATURE,
+            )
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         self._validate_lengths_and_outputs()
 
     def _normalised_logit_bias(self) -> dict[int, float]:
         # JSON (the OpenAI API) sends token ids as strings: accept "123" as 123.
-        _require(isinstance(self.logit_bias, dict), "logit_bias", f"must be a dict of token id -> bias, got {self.logit_bias!r}")
+        _require(
+            isinstance(self.logit_bias, dict),
+            "logit_bias",
+            f"must be a dict of token id -> bias, got {self.logit_bias!r}",
+        )
         biases = {}
         for token_id, bias in self.logit_bias.items():
-            ok = _is_int(token_id) or (isinstance(token_id, str) and _TOKEN_ID_KEY.fullmatch(token_id) is not None)
-            _require(ok and int(token_id) >= 0, "logit_bias", f"keys must be token ids >= 0, got {token_id!r}")
-            _require(_is_real(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, "logit_bias", f"values must be in [-100, 100], got {bias!r} for token {token_id}")
+            ok = _is_int(token_id) or (
+                isinstance(token_id, str) and _TOKEN_ID_KEY.fullmatch(token_id) is not None
+            )
+            _require(
+                ok and int(token_id) >= 0,
+                "logit_bias",
+                f"keys must be token ids >= 0, got {token_id!r}",
+            )
+            _require(
+                _is_real(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+                "logit_bias",
+                f"values must be in [-100, 100], got {bias!r} for token {token_id}",
+            )
             biases[int(token_id)] = float(bias)
         return biases
 
     def _validate_sampling(self) -> None:
-        _require(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
-        _require(_is_real(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
-                 f"must be in [0, {MAX_TEMPERATURE:g}] (0 is greedy), got {self.temperature!r}")
-        _require(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        _require(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k",
-                 f"must be an integer in [1, {MAX_TOP_K}], or 0 or -1 to disable it, got {self.top_k!r}")
-        _require(_is_real(self.min_p) and 0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
+        _require(
+            _is_int(self.n) and 1 <= self.n <= MAX_N,
+            "n",
+            f"must be an integer in [1, {MAX_N}], got {self.n!r}",
+        )
+        _require(
+            _is_real(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE,
+            "temperature",
+            f"must be in [0, {MAX_TEMPERATURE:g}] (0 is greedy), got {self.temperature!r}",
+        )
+        _require(
+            _is_real(self.top_p) and 0 < self.top_p <= 1,
+            "top_p",
+            f"must be in (0, 1], got {self.top_p!r}",
+        )
+        _require(
+            _is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K,
+            "top_k",
+            f"must be an integer in [1, {MAX_TOP_K}], or 0 or -1 to disable it, got {self.top_k!r}",
+        )
+        _require(
+            _is_real(self.min_p) and 0 <= self.min_p <= 1,
+            "min_p",
+            f"must be in [0, 1], got {self.min_p!r}",
+        )
         for field in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, field)
-            _require(_is_real(value) and -MAX_PENALTY <= value <= MAX_PENALTY, field, f"must be in [-2, 2], got {value!r}")
+            _require(
+                _is_real(value) and -MAX_PENALTY <= value <= MAX_PENALTY,
+                field,
+                f"must be in [-2, 2], got {value!r}",
+            )
         _require(
             _is_real(self.repetition_penalty)
             and MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
             "repetition_penalty",
             f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}] (1 disables it), got {self.repetition_penalty!r}",
         )
-        _require(self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX), "seed",
-                 f"must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, got {self.seed!r}")
+        _require(
+            self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
+            "seed",
+            f"must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, got {self.seed!r}",
+        )
 
     def _validate_lengths_and_outputs(self) -> None:
-        _require(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens", f"must be an integer >= 1 or None, got {self.max_tokens!r}")
-        _require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
-        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        _require(
+            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+            "max_tokens",
+            f"must be an integer >= 1 or None, got {self.max_tokens!r}",
+        )
+        _require(
+            _is_int(self.min_tokens) and self.min_tokens >= 0,
+            "min_tokens",
+            f"must be an integer >= 0, got {self.min_tokens!r}",
+        )
+        _require(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
+        )
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
-            _require(value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS), field, f"must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
-        _require(all(isinstance(s, str) and s for s in self.stop or ()), "stop", f"must be non-empty strings, got {self.stop!r}")
-        _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", f"must be integers >= 0, got {list(self.stop_token_ids)!r}")
-        _require(isinstance(self.output_kind, RequestOutputKind), "output_kind", f"must be one of {[k.name for k in RequestOutputKind]}, got {self.output_kind!r}")
+            _require(
+                value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS),
+                field,
+                f"must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}",
+            )
+        _require(
+            all(isinstance(s, str) and s for s in self.stop or ()),
+            "stop",
+            f"must be non-empty strings, got {self.stop!r}",
+        )
+        _require(
+            all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            f"must be integers >= 0, got {list(self.stop_token_ids)!r}",
+        )
+        _require(
+            isinstance(self.output_kind, RequestOutputKind),
+            "output_kind",
+            f"must be one of {[k.name for k in RequestOutputKind]}, got {self.output_kind!r}",
+        )
 
-    def for_vocabulary(self, vocab_size: int, eos_token_ids: Sequence[int] = ()) -> "SamplingParams":
+    def for_vocabulary(
+        self, vocab_size: int, eos_token_ids: Sequence[int] = ()
+    ) -> "SamplingParams":
         """These params checked against a model's vocabulary (ValueError naming the field), with
         ``top_k`` beyond it turned off (top-k of more tokens than exist keeps them all)."""
-        for field, token_ids in (("logit_bias", self.logit_bias or ()), ("stop_token_ids", self.stop_token_ids)):
+        for field, token_ids in (
+            ("logit_bias", self.logit_bias or ()),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
             outside = [t for t in token_ids if not 0 <= t < vocab_size]
             if outside:
-                raise ValueError(f"{field} has token id {outside[0]} outside the vocabulary [0, {vocab_size}) of this model")
+                raise ValueError(
+                    f"{field} has token id {outside[0]} outside the vocabulary [0, {vocab_size}) of this model"
+                )
         if self.min_tokens and len(self.stop_token_ids) >= vocab_size - len(eos_token_ids):
             banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
             if len(banned) >= vocab_size:

@@ -56,7 +56,10 @@ def greedy_samples(
     for prompt in prompts:
         inputs = tokenizer(prompt, return_tensors="pt")
         output = model.generate(
-            **inputs, do_sample=False, max_new_tokens=SAMPLE_NEW_TOKENS, pad_token_id=tokenizer.pad_token_id,
+            **inputs,
+            do_sample=False,
+            max_new_tokens=SAMPLE_NEW_TOKENS,
+            pad_token_id=tokenizer.pad_token_id,
             repetition_penalty=repetition_penalty,
         )
         new_tokens = output[0, inputs["input_ids"].shape[1] :]
@@ -70,11 +73,23 @@ def sampled_sample(model, tokenizer, prompt: str = SAMPLED_PROMPT) -> Dict[str, 
     inputs = tokenizer(prompt, return_tensors="pt")
     torch.manual_seed(SAMPLED_SEED)
     output = model.generate(
-        **inputs, do_sample=True, temperature=SAMPLED_TEMPERATURE, top_k=0, top_p=1.0,
-        max_new_tokens=SAMPLE_NEW_TOKENS, pad_token_id=tokenizer.pad_token_id,
+        **inputs,
+        do_sample=True,
+        temperature=SAMPLED_TEMPERATURE,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=SAMPLE_NEW_TOKENS,
+        pad_token_id=tokenizer.pad_token_id,
     )
-    completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    return {"prompt": prompt, "temperature": SAMPLED_TEMPERATURE, "seed": SAMPLED_SEED, "completion": completion}
+    completion = tokenizer.decode(
+        output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    return {
+        "prompt": prompt,
+        "temperature": SAMPLED_TEMPERATURE,
+        "seed": SAMPLED_SEED,
+        "completion": completion,
+    }
 
 
 def write_metrics(metrics: dict, path: Path) -> None:
@@ -97,15 +112,17 @@ def _reproduced(metrics: dict) -> str:
     if not check:
         return ""
     step = check["step"]
-    committed = metrics["curve"]["held_out_loss_first_windows"][metrics["curve"]["eval_steps"].index(step)]
+    committed = metrics["curve"]["held_out_loss_first_windows"][
+        metrics["curve"]["eval_steps"].index(step)
+    ]
     full = step == metrics["config"]["steps"]
     run = "a full re-run" if full else f"a re-run of the same schedule stopped after {step} steps"
     return f"""
 
-Checked on {check['date']}: {run},
-`{check['command']}`, gave a held-out loss (first {metrics['config']['eval_windows']} windows) of
-{check['held_out_loss_first_windows']:.6f} at step {step}, against {committed:.6f} in this run's curve
-({check['note']}).{"" if full else " A full re-run takes as long as the time above."}"""
+Checked on {check["date"]}: {run},
+`{check["command"]}`, gave a held-out loss (first {metrics["config"]["eval_windows"]} windows) of
+{check["held_out_loss_first_windows"]:.6f} at step {step}, against {committed:.6f} in this run's curve
+({check["note"]}).{"" if full else " A full re-run takes as long as the time above."}"""
 
 
 def _long_context(metrics: dict) -> str:
@@ -140,24 +157,24 @@ def render_readme(metrics: dict) -> str:
     cpu_threads = f"{threads} CPU thread" + ("s" if threads > 1 else "")
     return f"""# octavo demo model
 
-A {metrics['parameters'] / 1e6:.2f}M-parameter Llama trained from scratch on the source code (with its
-docstrings) of the CPython {metrics['python']} standard library, so that `make serve` has a real
+A {metrics["parameters"] / 1e6:.2f}M-parameter Llama trained from scratch on the source code (with its
+docstrings) of the CPython {metrics["python"]} standard library, so that `make serve` has a real
 model on a machine that cannot reach a model hub. It completes Python code; it knows nothing else.
 Its chat template (ChatML-style markers) exists so that `/v1/chat/completions` works; the model was
 never trained on conversations.
 
 | | |
 |---|---|
-| architecture | `LlamaForCausalLM`: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, {shape['num_attention_heads']} heads, {shape['num_key_value_heads']} KV heads, MLP {shape['intermediate_size']}, tied embeddings, context {shape['max_position_embeddings']} |
-| parameters | {metrics['parameters']:,} (float32, `model.safetensors` {metrics['model_bytes'] / 2**20:.1f} MiB) |
-| tokenizer | byte-level BPE, vocabulary {config['vocab_size']}, trained by the same script; specials `<\\|pad\\|>` 0, `<\\|bos\\|>` 1, `<\\|eos\\|>` 2, `<\\|im_start\\|>` 3, `<\\|im_end\\|>` 4; BOS is prepended on encode |
-| data | {corpus['train_files']} stdlib files, {corpus['train_tokens']:,} tokens (tests, `site-packages`, `encodings`, `pydoc_data` excluded); each file is `<\\|bos\\|> source <\\|eos\\|>` |
-| held-out set | {corpus['held_out_files']} files ({corpus['held_out_tokens']:,} tokens), chosen by a hash of their path, never trained on |
-| training | {_steps_run(metrics)} steps of {config['batch_size']} x {config['seq_len']} tokens ({metrics['tokens_seen']:,} tokens, {metrics['epochs']:.2f} epochs); AdamW (0.9, 0.95), weight decay {config['weight_decay']}, peak LR {config['peak_lr']}, {config['warmup_steps']} warm-up steps, cosine to {config['min_lr_ratio']} x peak, gradient clip {config['grad_clip']}; seed {config['seed']} |
-| **held-out loss** | **{metrics['held_out_loss']:.4f} nats/token** (perplexity {metrics['held_out_perplexity']:.2f}) over all held-out tokens, in windows of {config['seq_len']} |
-| final train loss | {metrics['final_train_loss']:.4f} (mean of the last 50 steps) |
-| time | {minutes:.1f} min wall in all ({metrics['train_seconds'] / 60:.1f} min of it training), {cpu_threads} ({metrics['cpu']}) |
-| software | Python {metrics['python']}, torch {metrics['torch']}, transformers {metrics['transformers']}, tokenizers {metrics['tokenizers']} |
+| architecture | `LlamaForCausalLM`: hidden {shape["hidden_size"]}, {shape["num_hidden_layers"]} layers, {shape["num_attention_heads"]} heads, {shape["num_key_value_heads"]} KV heads, MLP {shape["intermediate_size"]}, tied embeddings, context {shape["max_position_embeddings"]} |
+| parameters | {metrics["parameters"]:,} (float32, `model.safetensors` {metrics["model_bytes"] / 2**20:.1f} MiB) |
+| tokenizer | byte-level BPE, vocabulary {config["vocab_size"]}, trained by the same script; specials `<\\|pad\\|>` 0, `<\\|bos\\|>` 1, `<\\|eos\\|>` 2, `<\\|im_start\\|>` 3, `<\\|im_end\\|>` 4; BOS is prepended on encode |
+| data | {corpus["train_files"]} stdlib files, {corpus["train_tokens"]:,} tokens (tests, `site-packages`, `encodings`, `pydoc_data` excluded); each file is `<\\|bos\\|> source <\\|eos\\|>` |
+| held-out set | {corpus["held_out_files"]} files ({corpus["held_out_tokens"]:,} tokens), chosen by a hash of their path, never trained on |
+| training | {_steps_run(metrics)} steps of {config["batch_size"]} x {config["seq_len"]} tokens ({metrics["tokens_seen"]:,} tokens, {metrics["epochs"]:.2f} epochs); AdamW (0.9, 0.95), weight decay {config["weight_decay"]}, peak LR {config["peak_lr"]}, {config["warmup_steps"]} warm-up steps, cosine to {config["min_lr_ratio"]} x peak, gradient clip {config["grad_clip"]}; seed {config["seed"]} |
+| **held-out loss** | **{metrics["held_out_loss"]:.4f} nats/token** (perplexity {metrics["held_out_perplexity"]:.2f}) over all held-out tokens, in windows of {config["seq_len"]} |
+| final train loss | {metrics["final_train_loss"]:.4f} (mean of the last 50 steps) |
+| time | {minutes:.1f} min wall in all ({metrics["train_seconds"] / 60:.1f} min of it training), {cpu_threads} ({metrics["cpu"]}) |
+| software | Python {metrics["python"]}, torch {metrics["torch"]}, transformers {metrics["transformers"]}, tokenizers {metrics["tokenizers"]} |
 
 ![loss curve](loss_curve.png)
 
@@ -166,7 +183,7 @@ never trained on conversations.
 From the repository root, with the project's virtualenv:
 
 ```
-{metrics['command']}
+{metrics["command"]}
 ```
 
 The script is seeded and deterministic: sorted file lists, a path-hash held-out split, a seeded
@@ -180,16 +197,16 @@ metrics.json records every setting and number of this run.{_reproduced(metrics)}
 
 This model exists to exercise the engine (tokenization, batching, the paged KV cache, sampling,
 streaming, chat templates) with real, non-random weights on any machine. It was sized to train in
-about an hour on {cpu_threads} and has seen {metrics['tokens_seen']:,} tokens ({metrics['epochs']:.2f} epochs of its
+about an hour on {cpu_threads} and has seen {metrics["tokens_seen"]:,} tokens ({metrics["epochs"]:.2f} epochs of its
 data), so it writes Python-looking text (imports, classes, docstrings, `if`/`return`/`self.`
 statements, names from the standard library), not working programs, and it does not stay on topic:
 `def fibonacci(n):` gets a docstring and a body that have nothing to do with Fibonacci numbers.
 Plain greedy decoding soon repeats itself (a phrase, an argument name), as the first samples show;
-`repetition_penalty={metrics.get('repetition_penalty')}` (vLLM's request field, applied by octavo
+`repetition_penalty={metrics.get("repetition_penalty")}` (vLLM's request field, applied by octavo
 and by transformers alike) keeps greedy output on Python-looking lines, and sampling at a
 temperature around 0.7-1.0 gives varied lines with made-up names (the last sample).
-It was trained on {config['seq_len']}-token windows: prompts plus completions up to its context of
-{shape['max_position_embeddings']} tokens work (RoPE), but predictions past position {config['seq_len']} are weaker.{_long_context(metrics)}
+It was trained on {config["seq_len"]}-token windows: prompts plus completions up to its context of
+{shape["max_position_embeddings"]} tokens work (RoPE), but predictions past position {config["seq_len"]} are weaker.{_long_context(metrics)}
 
 ## Sample completions
 

@@ -103,7 +103,9 @@ def batch_order(num_windows: int, config: TrainConfig) -> torch.Tensor:
     """Window indices for every step, ``[steps, batch_size]``: a fresh seeded shuffle per epoch."""
     generator = torch.Generator().manual_seed(config.seed)
     needed = config.steps * config.batch_size
-    epochs = [torch.randperm(num_windows, generator=generator) for _ in range(-(-needed // num_windows))]
+    epochs = [
+        torch.randperm(num_windows, generator=generator) for _ in range(-(-needed // num_windows))
+    ]
     return torch.cat(epochs)[:needed].view(config.steps, config.batch_size)
 
 
@@ -166,7 +168,9 @@ def train(
             history.eval_steps.append(step + 1)
             history.eval_loss.append(evaluate(model, curve_windows))
         held_out = f"{history.eval_loss[-1]:.3f}" if history.eval_loss else "-"
-        progress.set_postfix(loss=f"{history.train_loss[-1]:.3f}", held_out=held_out, lr=f"{lr:.1e}")
+        progress.set_postfix(
+            loss=f"{history.train_loss[-1]:.3f}", held_out=held_out, lr=f"{lr:.1e}"
+        )
     history.train_seconds = time.perf_counter() - start
     model.eval()
     return history

@@ -11,12 +11,29 @@ ENGINE = ["--kv-cache-memory", "8MiB", "--max-num-seqs", "16", "--max-num-batche
 
 def test_bench_throughput_prints_and_writes_json(bench_model, tmp_path, capsys):
     out = tmp_path / "throughput.json"
-    argv = ["bench", "throughput", str(bench_model), "--num-prompts", "6", "--input-len", "8", "24",
-            "--output-len", "5", "5", "--disable-tqdm", "--output-json", str(out), *ENGINE]
+    argv = [
+        "bench",
+        "throughput",
+        str(bench_model),
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "8",
+        "24",
+        "--output-len",
+        "5",
+        "5",
+        "--disable-tqdm",
+        "--output-json",
+        str(out),
+        *ENGINE,
+    ]
     assert main(argv) == 0
     assert "output_throughput" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["num_requests"] == 6 and result["output_tokens"] == 30  # EOS ignored: every request gives 5
+    assert (
+        result["num_requests"] == 6 and result["output_tokens"] == 30
+    )  # EOS ignored: every request gives 5
     assert 8 * 6 <= result["prompt_tokens"] <= 24 * 6
     assert result["output_throughput"] > 0 and result["elapsed_s"] > 0
     assert abs(result["output_throughput"] - result["output_tokens"] / result["elapsed_s"]) < 1e-6
@@ -24,8 +41,27 @@ def test_bench_throughput_prints_and_writes_json(bench_model, tmp_path, capsys):
 
 def test_bench_prefix_dataset_runs_offline(bench_model, tmp_path):
     out = tmp_path / "prefix.json"
-    argv = ["bench", "throughput", str(bench_model), "--dataset", "prefix", "--prefix-len", "32", "--num-prompts", "4",
-            "--input-len", "4", "4", "--output-len", "2", "2", "--disable-tqdm", "--output-json", str(out), *ENGINE]
+    argv = [
+        "bench",
+        "throughput",
+        str(bench_model),
+        "--dataset",
+        "prefix",
+        "--prefix-len",
+        "32",
+        "--num-prompts",
+        "4",
+        "--input-len",
+        "4",
+        "4",
+        "--output-len",
+        "2",
+        "2",
+        "--disable-tqdm",
+        "--output-json",
+        str(out),
+        *ENGINE,
+    ]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["prompt_tokens"] == 4 * 36 and result["output_tokens"] == 8
@@ -33,8 +69,22 @@ def test_bench_prefix_dataset_runs_offline(bench_model, tmp_path):
 
 def test_bench_latency_times_every_step(bench_model, tmp_path):
     out = tmp_path / "latency.json"
-    argv = ["bench", "latency", str(bench_model), "--batch-size", "3", "--input-len", "10", "--output-len", "6",
-            "--num-iters", "2", "--output-json", str(out), *ENGINE]
+    argv = [
+        "bench",
+        "latency",
+        str(bench_model),
+        "--batch-size",
+        "3",
+        "--input-len",
+        "10",
+        "--output-len",
+        "6",
+        "--num-iters",
+        "2",
+        "--output-json",
+        str(out),
+        *ENGINE,
+    ]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     # one prefill step that also samples the first token, then one step per further token

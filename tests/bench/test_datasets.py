@@ -23,7 +23,9 @@ def test_random_requests_are_seeded_and_in_range():
 
 
 def test_prefix_requests_share_exactly_the_prefix():
-    reqs = prefix_requests(10, prefix_len=32, input_len=(4, 8), output_len=(2, 2), vocab_size=1000, seed=1)
+    reqs = prefix_requests(
+        10, prefix_len=32, input_len=(4, 8), output_len=(2, 2), vocab_size=1000, seed=1
+    )
     prefix = reqs[0].prompt_token_ids[:32]
     assert all(r.prompt_token_ids[:32] == prefix for r in reqs)
     assert all(36 <= len(r.prompt_token_ids) <= 40 for r in reqs)
@@ -34,16 +36,27 @@ def test_prefix_requests_share_exactly_the_prefix():
 def test_sharegpt_takes_first_turn_and_reply_length(tmp_path, bench_model):
     tokenizer = AutoTokenizer.from_pretrained(bench_model)
     convs = [
-        {"conversations": [{"from": "human", "value": f"question {i} " * (i + 3)}, {"from": "gpt", "value": "answer " * (i + 4)}]}
+        {
+            "conversations": [
+                {"from": "human", "value": f"question {i} " * (i + 3)},
+                {"from": "gpt", "value": "answer " * (i + 4)},
+            ]
+        }
         for i in range(6)
     ] + [{"conversations": [{"from": "human", "value": "alone"}]}, {"conversations": []}]
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(convs))
     reqs = sharegpt_requests(path, tokenizer.encode, num_requests=4, seed=0)
     assert len(reqs) == 4 and reqs == sharegpt_requests(path, tokenizer.encode, 4, seed=0)
-    expected = {tuple(tokenizer.encode(c["conversations"][0]["value"])): len(tokenizer.encode(c["conversations"][1]["value"]))
-                for c in convs[:6]}
+    expected = {
+        tuple(tokenizer.encode(c["conversations"][0]["value"])): len(
+            tokenizer.encode(c["conversations"][1]["value"])
+        )
+        for c in convs[:6]
+    }
     assert all(expected[r.prompt_token_ids] == r.output_len for r in reqs)
-    assert all(r.output_len == 9 for r in sharegpt_requests(path, tokenizer.encode, 4, output_len=9))
+    assert all(
+        r.output_len == 9 for r in sharegpt_requests(path, tokenizer.encode, 4, output_len=9)
+    )
     with pytest.raises(ValueError, match="cannot read"):
         sharegpt_requests(tmp_path / "missing.json", tokenizer.encode, 1)

@@ -9,7 +9,14 @@ import torch
 
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
-TINY = TinyModelSpec("LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256, seed=7)
+TINY = TinyModelSpec(
+    "LlamaForCausalLM",
+    hidden_size=64,
+    num_hidden_layers=2,
+    vocab_size=512,
+    max_position_embeddings=256,
+    seed=7,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")

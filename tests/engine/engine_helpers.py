@@ -12,7 +12,10 @@ def shared_prefix_prompts(num: int, seed: int = 0, vocab_size: int = 512) -> lis
     """``num`` prompts in four families sharing 0-40-token prefixes, 3-60 own tokens each."""
     rng = random.Random(seed)
     prefixes = [[1] + [rng.randrange(3, vocab_size) for _ in range(n)] for n in (0, 17, 33, 40)]
-    return [prefixes[i % 4] + [rng.randrange(3, vocab_size) for _ in range(rng.randrange(3, 60))] for i in range(num)]
+    return [
+        prefixes[i % 4] + [rng.randrange(3, vocab_size) for _ in range(rng.randrange(3, 60))]
+        for i in range(num)
+    ]
 
 
 def make_llm(model: Path, **engine_args) -> LLM:
@@ -29,7 +32,12 @@ def assert_pool_clean(llm: LLM) -> None:
     assert kv.num_free_blocks == kv.block_pool.num_blocks
     assert all(block.ref_cnt == 0 for block in kv.block_pool.blocks)
     assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks
-    assert not scheduler.requests and not scheduler.running and not scheduler.swapped and not len(scheduler.waiting)
+    assert (
+        not scheduler.requests
+        and not scheduler.running
+        and not scheduler.swapped
+        and not len(scheduler.waiting)
+    )
     assert not llm.engine.has_unfinished_requests()
 
 

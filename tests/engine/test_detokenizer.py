@@ -36,7 +36,9 @@ class DecodeOnly:
 
 def stream(tokenizer, ids, prompt_ids=(), skip_special_tokens=True) -> list[str]:
     """Every delta, the flushed remainder last."""
-    detok = IncrementalDetokenizer(TokenizerAdapter(tokenizer), list(prompt_ids), skip_special_tokens)
+    detok = IncrementalDetokenizer(
+        TokenizerAdapter(tokenizer), list(prompt_ids), skip_special_tokens
+    )
     deltas = [detok.step(token_id) for token_id in ids]
     return deltas + [detok.flush()]
 
@@ -104,7 +106,9 @@ def test_any_token_sequence_joins_to_decode(bpe, data, skip_special_tokens):
         # A prompt ending mid-character is not used as context: the output decodes on its own.
         assert joined == bpe.decode(ids, skip_special_tokens=skip_special_tokens)
     else:
-        assert prompt_text + joined == bpe.decode(prompt + ids, skip_special_tokens=skip_special_tokens)
+        assert prompt_text + joined == bpe.decode(
+            prompt + ids, skip_special_tokens=skip_special_tokens
+        )
 
 
 def test_prefix_offset_decodes_a_bounded_window_per_token(bpe):
@@ -144,7 +148,9 @@ def stories_tokenizer(stories260k_path):
 def test_stories260k_streams_with_the_prompt_as_context(stories_tokenizer):
     tokenizer = stories_tokenizer
     prompt = tokenizer.encode("Once upon a time")
-    output = tokenizer.encode(" there was 日本 😀 girl.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    output = tokenizer.encode(" there was 日本 😀 girl.", add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
     deltas = stream(tokenizer, output, prompt)
     assert all(REPLACEMENT_CHAR not in delta for delta in deltas)
     prompt_text = tokenizer.decode(prompt, skip_special_tokens=True)
@@ -161,4 +167,6 @@ def test_stories260k_without_prompt_joins_to_decode(stories_tokenizer):
     tokenizer = stories_tokenizer
     output = tokenizer.encode("Lily saw 日本 😀 and a cat.")  # starts with bos
     for skip in (True, False):
-        assert "".join(stream(tokenizer, output, (), skip)) == tokenizer.decode(output, skip_special_tokens=skip)
+        assert "".join(stream(tokenizer, output, (), skip)) == tokenizer.decode(
+            output, skip_special_tokens=skip
+        )

@@ -17,7 +17,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, seed=99, max_tokens=24, ignore_eos=True)
 NEIGHBOUR_PARAMS = [GREEDY, SEEDED, GREEDY, SEEDED, GREEDY, GREEDY]
 POISON = 1.25  # the failing request is the one with this repetition_penalty
-POISONED = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=POISON, logprobs=1)
+POISONED = SamplingParams(
+    temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=POISON, logprobs=1
+)
 
 
 class InjectedFault(RuntimeError):
@@ -52,7 +54,11 @@ def _fail_sampling(monkeypatch, llm) -> None:
 
     def sample(logits, metadata):  # the poisoned row gets no token, as from NaN logits
         tokens = sampler(logits, metadata)
-        rows = [i for i, row in enumerate(runner.input_batch.req_ids[: len(tokens)]) if row.startswith("poisoned")]
+        rows = [
+            i
+            for i, row in enumerate(runner.input_batch.req_ids[: len(tokens)])
+            if row.startswith("poisoned")
+        ]
         tokens[rows] = logits.shape[-1]
         return tokens
 
@@ -86,7 +92,9 @@ def prompts() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def alone(tiny_model, prompts) -> list[list[int]]:
     llm = make_llm(tiny_model)
-    return [generate_ids(llm, [prompt], params)[0] for prompt, params in zip(prompts, NEIGHBOUR_PARAMS)]
+    return [
+        generate_ids(llm, [prompt], params)[0] for prompt, params in zip(prompts, NEIGHBOUR_PARAMS)
+    ]
 
 
 def run(engine, finals: dict, max_steps: int = 500) -> None:
@@ -112,7 +120,9 @@ def assert_neighbours_unharmed(finals: dict, alone: list[list[int]]) -> None:
 def test_a_failing_request_fails_alone_and_its_neighbours_keep_their_tokens(
     tiny_model, prompts, alone, monkeypatch, fault, enable_prefix_caching
 ):
-    llm = make_llm(tiny_model, enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=64)
+    llm = make_llm(
+        tiny_model, enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=64
+    )
     FAULTS[fault](monkeypatch, llm)
     engine = llm.engine
     for i, prompt in enumerate(prompts[:3]):
@@ -172,7 +182,9 @@ def test_aborting_samples_just_forked_or_released_frees_them(tiny_model, prompts
     # Between two steps forked samples and released ones are already where an abort finds them.
     llm = make_llm(tiny_model, max_num_seqs=2)
     engine = llm.engine
-    engine.add_request("many", {"prompt_token_ids": prompts[1]}, SamplingParams(n=4, max_tokens=8, seed=1))
+    engine.add_request(
+        "many", {"prompt_token_ids": prompts[1]}, SamplingParams(n=4, max_tokens=8, seed=1)
+    )
     for _ in range(3):
         engine.step()
     engine.abort_request("many")
@@ -196,7 +208,9 @@ def test_a_failed_sample_ends_its_siblings(tiny_model, prompts, monkeypatch):
     monkeypatch.setattr(RequestState, "append_tokens", append_tokens)
     llm = make_llm(tiny_model)
     (output,) = llm.generate(
-        [{"prompt_token_ids": prompts[1]}], SamplingParams(n=3, max_tokens=16, seed=1, ignore_eos=True), use_tqdm=False
+        [{"prompt_token_ids": prompts[1]}],
+        SamplingParams(n=3, max_tokens=16, seed=1, ignore_eos=True),
+        use_tqdm=False,
     )
     assert output.finished and "planted" in (output.error or ""), output
     assert sorted(c.finish_reason for c in output.outputs) == ["abort", "abort", "error"]
@@ -206,11 +220,15 @@ def test_a_failed_sample_ends_its_siblings(tiny_model, prompts, monkeypatch):
 
 @pytest.mark.parametrize("scheduling_policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("num_steps", [0, 1])
-def test_aborting_samples_before_their_leader_forks_frees_them(tiny_model, prompts, scheduling_policy, num_steps):
+def test_aborting_samples_before_their_leader_forks_frees_them(
+    tiny_model, prompts, scheduling_policy, num_steps
+):
     # The leader's siblings are released as it is aborted; the next id aborted is one of them.
     llm = make_llm(tiny_model, max_num_batched_tokens=16, scheduling_policy=scheduling_policy)
     engine = llm.engine
-    engine.add_request("pair", {"prompt_token_ids": prompts[1]}, SamplingParams(n=2, max_tokens=8, seed=1))
+    engine.add_request(
+        "pair", {"prompt_token_ids": prompts[1]}, SamplingParams(n=2, max_tokens=8, seed=1)
+    )
     for _ in range(num_steps):  # 0: still waiting; 1: mid chunked prefill
         engine.step()
     engine.abort_request("pair")

@@ -32,7 +32,9 @@ def alone(tiny_model, prompts) -> list[list[int]]:
         dict(enable_prefix_caching=True, max_num_batched_tokens=64),
         dict(enable_prefix_caching=True, max_num_batched_tokens=2048),
         dict(enable_prefix_caching=False, max_num_batched_tokens=64),
-        dict(enable_prefix_caching=False, max_num_batched_tokens=2048, enable_chunked_prefill=False),
+        dict(
+            enable_prefix_caching=False, max_num_batched_tokens=2048, enable_chunked_prefill=False
+        ),
         dict(enable_prefix_caching=True, block_size=1, max_num_batched_tokens=64),
     ],
     ids=["cache-16", "cache-64", "cache-2048", "nocache-64", "nocache-nochunk", "cache-bs1"],
@@ -46,11 +48,17 @@ def test_batched_requests_match_their_alone_runs(tiny_model, prompts, alone, eng
 
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
 @pytest.mark.parametrize("enable_prefix_caching", [True, False])
-def test_preempted_requests_finish_with_their_alone_tokens(tiny_model, prompts, alone, preemption_mode, enable_prefix_caching):
+def test_preempted_requests_finish_with_their_alone_tokens(
+    tiny_model, prompts, alone, preemption_mode, enable_prefix_caching
+):
     # 24 blocks of 16 tokens: room for about 5 of the 64 requests at once.
     llm = make_llm(
-        tiny_model, kv_cache_memory=24 * 8192, preemption_mode=preemption_mode, swap_space=0.01,
-        enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=256,
+        tiny_model,
+        kv_cache_memory=24 * 8192,
+        preemption_mode=preemption_mode,
+        swap_space=0.01,
+        enable_prefix_caching=enable_prefix_caching,
+        max_num_batched_tokens=256,
     )
     assert llm.engine.core.kv_cache_manager.block_pool.num_blocks == 24
     assert generate_ids(llm, prompts, GREEDY) == alone
@@ -68,6 +76,12 @@ def test_stories260k_invariance_under_batching_and_preemption(stories260k_path):
     alone = [generate_ids(tokenizer_llm, [p], params)[0] for p in prompts]
     for mode in ("recompute", "swap"):
         # stories260K: 5 layers x 4 kv heads x 8 dims -> 20 KiB per 16-token block; 40 blocks.
-        llm = make_llm(stories260k_path, kv_cache_memory=40 * 20480, preemption_mode=mode, swap_space=0.01, max_num_batched_tokens=64)
+        llm = make_llm(
+            stories260k_path,
+            kv_cache_memory=40 * 20480,
+            preemption_mode=mode,
+            swap_space=0.01,
+            max_num_batched_tokens=64,
+        )
         assert generate_ids(llm, prompts, params) == alone
         assert llm.engine.core.scheduler.stats.num_preempted_total > 0

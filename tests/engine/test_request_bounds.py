@@ -19,7 +19,9 @@ def llm(tiny_model):
 
 
 def sample(llm, **params) -> list[list[int]]:
-    outputs = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True, **params), use_tqdm=False)
+    outputs = llm.generate(
+        [PROMPT], SamplingParams(max_tokens=8, ignore_eos=True, **params), use_tqdm=False
+    )
     assert_pool_clean(llm)
     return [list(completion.token_ids) for completion in outputs[0].outputs]
 

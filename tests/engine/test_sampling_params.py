@@ -12,15 +12,32 @@ from octavo.sampling_params import MAX_LOGPROBS, MAX_N, RequestOutputKind, Sampl
 
 def test_defaults_match_vllm():
     params = SamplingParams()
-    assert (params.n, params.temperature, params.top_p, params.top_k, params.min_p) == (1, 1.0, 1.0, 0, 0.0)
-    assert (params.max_tokens, params.min_tokens, params.stop, params.stop_token_ids) == (16, 0, None, ())
-    assert params.skip_special_tokens and not params.ignore_eos and not params.include_stop_str_in_output
+    assert (params.n, params.temperature, params.top_p, params.top_k, params.min_p) == (
+        1,
+        1.0,
+        1.0,
+        0,
+        0.0,
+    )
+    assert (params.max_tokens, params.min_tokens, params.stop, params.stop_token_ids) == (
+        16,
+        0,
+        None,
+        (),
+    )
+    assert (
+        params.skip_special_tokens
+        and not params.ignore_eos
+        and not params.include_stop_str_in_output
+    )
     assert params.output_kind == RequestOutputKind.CUMULATIVE
     assert not params.greedy and SamplingParams(temperature=0).greedy
 
 
 def test_inputs_are_normalised_to_immutable_forms():
-    params = SamplingParams(stop="###", stop_token_ids=[5, 6], top_k=-1, logit_bias={"7": 2, 8: -1.5})
+    params = SamplingParams(
+        stop="###", stop_token_ids=[5, 6], top_k=-1, logit_bias={"7": 2, 8: -1.5}
+    )
     assert params.stop == ("###",)
     assert params.stop_token_ids == (5, 6)
     assert params.top_k == 0
@@ -31,8 +48,16 @@ def test_inputs_are_normalised_to_immutable_forms():
 
 
 def test_boundary_values_are_accepted():
-    SamplingParams(n=MAX_N, temperature=0, top_p=1, top_k=1, min_p=1, presence_penalty=-2, frequency_penalty=2)
-    SamplingParams(repetition_penalty=0.01, max_tokens=1, min_tokens=1, logprobs=0, prompt_logprobs=MAX_LOGPROBS)
+    SamplingParams(
+        n=MAX_N, temperature=0, top_p=1, top_k=1, min_p=1, presence_penalty=-2, frequency_penalty=2
+    )
+    SamplingParams(
+        repetition_penalty=0.01,
+        max_tokens=1,
+        min_tokens=1,
+        logprobs=0,
+        prompt_logprobs=MAX_LOGPROBS,
+    )
     SamplingParams(max_tokens=None, min_tokens=1000, seed=0, logit_bias={0: -100, 1: 100})
     SamplingParams(seed=-(2**63), top_k=2**31 - 1, repetition_penalty=100, temperature=3.4e38)
     SamplingParams(seed=2**64 - 1)  # every seed torch.Generator.manual_seed takes
@@ -91,7 +116,11 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize("kwargs, field, allowed", INVALID, ids=[f"{case[1]}={list(case[0].values())[-1]!r}" for case in INVALID])
+@pytest.mark.parametrize(
+    "kwargs, field, allowed",
+    INVALID,
+    ids=[f"{case[1]}={list(case[0].values())[-1]!r}" for case in INVALID],
+)
 def test_invalid_values_name_the_field_and_the_range(kwargs, field, allowed):
     with pytest.raises(ValueError) as excinfo:
         SamplingParams(**kwargs)
@@ -103,6 +132,13 @@ def test_invalid_values_name_the_field_and_the_range(kwargs, field, allowed):
 
 def test_errors_are_value_errors_not_type_errors():
     # Comparisons on wrong types must not leak TypeError to API users (HTTP 400, not 500).
-    for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+    for field in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ):
         with pytest.raises(ValueError, match=re.escape(field)):
             SamplingParams(**{field: None})

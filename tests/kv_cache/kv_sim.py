@@ -24,12 +24,24 @@ class SimWorker:
     def __init__(self, manager: KVCacheManager, num_layers: int = 2):
         self.manager = manager
         self.block_size = manager.block_size
-        spec = AttentionSpec(num_heads=1, num_kv_heads=1, head_dim=1, dtype=torch.int64, block_size=self.block_size, scale=1.0)
+        spec = AttentionSpec(
+            num_heads=1,
+            num_kv_heads=1,
+            head_dim=1,
+            dtype=torch.int64,
+            block_size=self.block_size,
+            scale=1.0,
+        )
         self.backend = AttentionBackend(spec)
         num_blocks = manager.block_pool.num_blocks
         num_host_blocks = manager.host_pool.num_blocks
-        self.device_caches = [torch.full(self.backend.kv_cache_shape(num_blocks), EMPTY) for _ in range(num_layers)]
-        self.host_caches = [torch.full(self.backend.kv_cache_shape(num_host_blocks), EMPTY) for _ in range(num_layers)]
+        self.device_caches = [
+            torch.full(self.backend.kv_cache_shape(num_blocks), EMPTY) for _ in range(num_layers)
+        ]
+        self.host_caches = [
+            torch.full(self.backend.kv_cache_shape(num_host_blocks), EMPTY)
+            for _ in range(num_layers)
+        ]
 
     def apply_pending(self) -> None:
         """What a worker does first in a step: the planned copies, in order."""
@@ -49,11 +61,16 @@ class SimWorker:
             cache[0].view(-1)[slots] = tokens
             cache[1].view(-1)[slots] = torch.arange(start, end)
 
-    def read(self, block_ids: list[int], num_tokens: int, host: bool = False) -> list[tuple[list[int], list[int]]]:
+    def read(
+        self, block_ids: list[int], num_tokens: int, host: bool = False
+    ) -> list[tuple[list[int], list[int]]]:
         """(token ids, positions) of the first ``num_tokens`` logical slots, for every layer."""
         slots = self._slots(block_ids, 0, num_tokens)
         caches = self.host_caches if host else self.device_caches
-        return [(cache[0].view(-1)[slots].tolist(), cache[1].view(-1)[slots].tolist()) for cache in caches]
+        return [
+            (cache[0].view(-1)[slots].tolist(), cache[1].view(-1)[slots].tolist())
+            for cache in caches
+        ]
 
     def assert_holds(self, request: Request, num_tokens: int | None = None) -> None:
         """The request's first ``num_tokens`` (default: computed) tokens read back through its table."""
@@ -66,7 +83,9 @@ class SimWorker:
         """A swapped-out request's computed tokens read back from its host blocks."""
         n = request.num_computed_tokens
         expected = (request.all_token_ids[:n], list(range(n)))
-        for layer, got in enumerate(self.read(self.manager.get_host_block_ids(request.request_id), n, host=True)):
+        for layer, got in enumerate(
+            self.read(self.manager.get_host_block_ids(request.request_id), n, host=True)
+        ):
             assert got == expected, f"host layer {layer} of {request}: {got} != {expected}"
 
     def block_contents(self, block_id: int) -> tuple[list[int], list[int]]:

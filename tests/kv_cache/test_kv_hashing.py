@@ -48,7 +48,9 @@ def test_salt_keys_only_the_first_block_lora_every_block():
     assert plain[0] != salted[0]
     hasher = BlockHasher(BS)
     request = Request("r", list(range(8)), cache_salt="s")
-    assert block_extra_keys(request, 1, BS) == b""  # the salt reaches block 1 only through the chain
+    assert (
+        block_extra_keys(request, 1, BS) == b""
+    )  # the salt reaches block 1 only through the chain
     assert salted[1] == hasher.hash_block(salted[0], [4, 5, 6, 7])
     lora = Request("r", list(range(8)), lora_id=3)
     assert block_extra_keys(lora, 0, BS) == block_extra_keys(lora, 1, BS) != b""
@@ -86,7 +88,9 @@ def test_request_fork_copies_progress_without_sharing_lists():
     child = request.fork("c")
     assert (child.request_id, child.num_computed_tokens, child.priority) == ("c", 5, 2)
     child.append_output_token_ids([1, 2])
-    assert request.num_tokens == 6 and len(request.block_hashes) == 1 and len(child.block_hashes) == 2
+    assert (
+        request.num_tokens == 6 and len(request.block_hashes) == 1 and len(child.block_hashes) == 2
+    )
 
 
 def test_request_status_and_validation():

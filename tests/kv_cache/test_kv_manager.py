@@ -7,7 +7,12 @@ import torch
 from kv_sim import SimWorker, run_chunk
 
 from octavo.errors import ConfigError
-from octavo.kv_cache import KVCacheManager, TransferKind, allocate_host_caches, apply_block_transfers
+from octavo.kv_cache import (
+    KVCacheManager,
+    TransferKind,
+    allocate_host_caches,
+    apply_block_transfers,
+)
 from octavo.platform.types import AttentionBackend, AttentionSpec
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
@@ -50,7 +55,10 @@ def test_shared_prefix_hits_and_reads_the_same_kv(manager, worker):
     b = make(manager, "b", [*range(8), 50, 51, 52])
     assert prefill(manager, worker, b) == 8
     assert manager.get_block_ids("b")[:2] == manager.get_block_ids("a")[:2]
-    assert manager.get_block_ids("b", start=2) == manager.get_block_ids("b")[2:] and manager.get_num_blocks("b") == 3
+    assert (
+        manager.get_block_ids("b", start=2) == manager.get_block_ids("b")[2:]
+        and manager.get_num_blocks("b") == 3
+    )
     worker.assert_holds(b)
     stats = manager.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (21, 8)
@@ -67,7 +75,12 @@ def test_whole_prompt_cached_still_recomputes_last_token(manager, worker):
 
 @pytest.mark.parametrize(
     "first, second",
-    [({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}), ({}, {"cache_salt": "x"}), ({"lora_id": 1}, {"lora_id": 2}), ({}, {"lora_id": 1})],
+    [
+        ({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}),
+        ({}, {"cache_salt": "x"}),
+        ({"lora_id": 1}, {"lora_id": 2}),
+        ({}, {"lora_id": 1}),
+    ],
 )
 def test_different_salt_or_lora_never_hits(manager, worker, first, second):
     prefill(manager, worker, make(manager, "a", range(13), **first))
@@ -180,7 +193,9 @@ def test_fork_and_copy_on_write_leave_the_parent_untouched(manager, worker):
     assert pending.transfers[0].kind is TransferKind.COPY and pending.transfers[0].src == (last,)
     (update,) = pending.block_table_updates
     assert (update.request_id, update.block_index) == ("c", 2) and update.block_id != last
-    apply_block_transfers(worker.backend, worker.device_caches, worker.host_caches, pending.transfers)
+    apply_block_transfers(
+        worker.backend, worker.device_caches, worker.host_caches, pending.transfers
+    )
     run_chunk(worker, child, 1)
     decode(manager, worker, parent, 88)  # the parent now owns its block alone: no copy
     assert not manager.take_pending_copies()
@@ -285,9 +300,16 @@ def test_copies_planned_in_one_step_apply_in_planning_order(manager, worker):
     assert manager.swap_in(b) is not None
     transfers = manager.take_pending_copies().transfers
     kinds = [t.kind for t in transfers]
-    assert kinds == [TransferKind.SWAP_IN, TransferKind.COPY, TransferKind.SWAP_OUT, TransferKind.SWAP_IN]
+    assert kinds == [
+        TransferKind.SWAP_IN,
+        TransferKind.COPY,
+        TransferKind.SWAP_OUT,
+        TransferKind.SWAP_IN,
+    ]
     assert set(transfers[2].dst) & set(transfers[0].src), "host blocks are reused within the step"
-    assert set(transfers[3].dst) & set(transfers[1].dst), "a copy-on-write block is reused within the step"
+    assert set(transfers[3].dst) & set(transfers[1].dst), (
+        "a copy-on-write block is reused within the step"
+    )
     apply_block_transfers(worker.backend, worker.device_caches, worker.host_caches, transfers)
     worker.assert_holds(a)
     worker.assert_holds(b)
@@ -333,10 +355,15 @@ def test_invalid_construction():
 def test_swap_round_trip_restores_float_kv_bit_for_bit():
     """Random K/V in the default layout, two layers: swap out, clobber the device, swap in."""
     manager = KVCacheManager(8, BS, enable_caching=False, num_host_blocks=4)
-    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16, block_size=BS, scale=1.0)
+    spec = AttentionSpec(
+        num_heads=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16, block_size=BS, scale=1.0
+    )
     backend = AttentionBackend(spec)
     generator = torch.Generator().manual_seed(0)
-    device = [torch.randn(backend.kv_cache_shape(8), generator=generator).to(torch.bfloat16) for _ in range(2)]
+    device = [
+        torch.randn(backend.kv_cache_shape(8), generator=generator).to(torch.bfloat16)
+        for _ in range(2)
+    ]
     host = allocate_host_caches(backend, 2, 4, torch.bfloat16)
     assert device[0].shape == (2, 8, BS, 2, 8) and host[0].shape == (2, 4, BS, 2, 8)
     a = make(manager, "a", range(10))

@@ -20,7 +20,11 @@ from octavo.kv_cache import KVCacheManager
 from octavo.request import Request
 
 # Three prompt families with shared prefixes, so lookups hit and eviction matters.
-FAMILIES = [[7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 0, 3], [7, 3, 9, 1, 5, 5, 5, 5, 1, 2], [2, 2, 2, 2, 2, 2, 2, 2]]
+FAMILIES = [
+    [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 0, 3],
+    [7, 3, 9, 1, 5, 5, 5, 5, 1, 2],
+    [2, 2, 2, 2, 2, 2, 2, 2],
+]
 
 
 class KVCacheMachine(RuleBasedStateMachine):
@@ -29,7 +33,10 @@ class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.manager = KVCacheManager(
-            self.num_blocks, self.block_size, enable_caching=self.enable_caching, num_host_blocks=self.num_host_blocks
+            self.num_blocks,
+            self.block_size,
+            enable_caching=self.enable_caching,
+            num_host_blocks=self.num_host_blocks,
         )
         self.worker = SimWorker(self.manager, num_layers=1)
         self.waiting: dict[str, Request] = {}
@@ -53,7 +60,9 @@ class KVCacheMachine(RuleBasedStateMachine):
     def _preempt(self, request: Request, swap: bool, scheduled: dict | None = None) -> None:
         del self.running[request.request_id]
         if scheduled is not None:
-            scheduled.pop(request.request_id, None)  # scheduled earlier in this pass: it does not run
+            scheduled.pop(
+                request.request_id, None
+            )  # scheduled earlier in this pass: it does not run
         if swap and self.manager.swap_out(request) is not None:
             self.swapped[request.request_id] = request
             return
@@ -68,7 +77,10 @@ class KVCacheMachine(RuleBasedStateMachine):
             remaining = request.num_tokens - request.num_computed_tokens
             num_new = data.draw(st.integers(1, remaining))
             lookahead = data.draw(st.integers(0, 2))
-            while self.manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead) is None:
+            while (
+                self.manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
+                is None
+            ):
                 # any running request may be the victim (as under priority scheduling), even one
                 # already scheduled in this pass: its chunk then never runs
                 victim = data.draw(st.sampled_from(list(self.running.values())))
@@ -130,7 +142,11 @@ class KVCacheMachine(RuleBasedStateMachine):
     def add_request(self, family, length, suffix, salt, lora_id):
         prompt = FAMILIES[family][:length] + suffix
         request = Request(
-            self._new_id(), prompt, cache_salt=salt, lora_id=lora_id, block_hasher=self.manager.block_hasher
+            self._new_id(),
+            prompt,
+            cache_salt=salt,
+            lora_id=lora_id,
+            block_hasher=self.manager.block_hasher,
         )
         self._remember_hashes(request)
         self.waiting[request.request_id] = request
@@ -149,7 +165,9 @@ class KVCacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def fork_between_steps(self, data):
-        parent = data.draw(st.sampled_from(sorted(self.running.values(), key=lambda r: r.request_id)))
+        parent = data.draw(
+            st.sampled_from(sorted(self.running.values(), key=lambda r: r.request_id))
+        )
         child = parent.fork(self._new_id())
         self.manager.fork(parent, child)
         self.running[child.request_id] = child
@@ -157,14 +175,18 @@ class KVCacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(data=st.data(), swap=st.booleans())
     def preempt(self, data, swap):
-        request = data.draw(st.sampled_from(sorted(self.running.values(), key=lambda r: r.request_id)))
+        request = data.draw(
+            st.sampled_from(sorted(self.running.values(), key=lambda r: r.request_id))
+        )
         self._preempt(request, swap)
         self.worker.apply_pending()
 
     @precondition(lambda self: self.waiting or self.running or self.swapped)
     @rule(data=st.data())
     def finish(self, data):
-        request = data.draw(st.sampled_from(sorted(self._all_requests(), key=lambda r: r.request_id)))
+        request = data.draw(
+            st.sampled_from(sorted(self._all_requests(), key=lambda r: r.request_id))
+        )
         self.manager.free(request)
         for queue in (self.waiting, self.running, self.swapped):
             queue.pop(request.request_id, None)
@@ -188,7 +210,9 @@ class KVCacheMachine(RuleBasedStateMachine):
     @invariant()
     def refcounts_equal_table_holdings(self):
         holdings = Counter(
-            block_id for request in self._all_requests() for block_id in self.manager.get_block_ids(request.request_id)
+            block_id
+            for request in self._all_requests()
+            for block_id in self.manager.get_block_ids(request.request_id)
         )
         for block in self.manager.block_pool.blocks:
             assert block.ref_cnt == holdings[block.block_id], block
@@ -199,7 +223,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         for block_hash, block in self.manager.block_pool.cached_blocks.items():
             assert block.block_hash == block_hash
             index, tokens = self.block_tokens[block_hash]
-            assert self.worker.block_contents(block.block_id) == (tokens, list(range(index * bs, (index + 1) * bs)))
+            assert self.worker.block_contents(block.block_id) == (
+                tokens,
+                list(range(index * bs, (index + 1) * bs)),
+            )
 
     @invariant()
     def every_request_reads_back_its_tokens(self):
@@ -207,21 +234,30 @@ class KVCacheMachine(RuleBasedStateMachine):
             self.worker.assert_holds(request)
         for request in self.swapped.values():
             self.worker.assert_host_holds(request)
-        host_ids = [h for r in self.swapped.values() for h in self.manager.get_host_block_ids(r.request_id)]
+        host_ids = [
+            h for r in self.swapped.values() for h in self.manager.get_host_block_ids(r.request_id)
+        ]
         assert len(host_ids) == len(set(host_ids))
-        assert len(host_ids) + self.manager.host_pool.num_free_blocks == self.manager.host_pool.num_blocks
+        assert (
+            len(host_ids) + self.manager.host_pool.num_free_blocks
+            == self.manager.host_pool.num_blocks
+        )
 
     @invariant()
     def waste_below_one_block_without_lookahead(self):
         stats = self.manager.stats()
         assert stats.num_used_slots <= stats.num_allocated_slots
-        assert 0 <= stats.max_request_waste <= self.block_size - 1 + 2  # a partial block + 2 lookahead slots
+        assert (
+            0 <= stats.max_request_waste <= self.block_size - 1 + 2
+        )  # a partial block + 2 lookahead slots
 
     def teardown(self):
         for request in self._all_requests():
             self.manager.free(request)
         pool = self.manager.block_pool
-        assert pool.num_free_blocks == pool.num_blocks and all(block.ref_cnt == 0 for block in pool.blocks)
+        assert pool.num_free_blocks == pool.num_blocks and all(
+            block.ref_cnt == 0 for block in pool.blocks
+        )
         assert self.manager.host_pool.num_free_blocks == self.manager.host_pool.num_blocks
         assert self.manager.stats().num_running_requests == 0
 

@@ -51,22 +51,32 @@ class TransformersOracle:
         return self._models[key]
 
     @torch.no_grad()
-    def greedy(self, path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.float32) -> list[int]:
+    def greedy(
+        self, path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.float32
+    ) -> list[int]:
         key = (str(path), tuple(prompt), max_new_tokens, dtype)
         if key not in self._greedy:
             ids = torch.tensor([prompt])
-            out = self.model(path, dtype).generate(ids, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0)
-            self._greedy[key] = out[0, len(prompt):].tolist()
+            out = self.model(path, dtype).generate(
+                ids, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0
+            )
+            self._greedy[key] = out[0, len(prompt) :].tolist()
         return self._greedy[key]
 
     @torch.no_grad()
-    def greedy_with_logits(self, path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.float32):
+    def greedy_with_logits(
+        self, path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.float32
+    ):
         """(tokens, per-step logits [max_new_tokens, V] in fp32) of transformers' greedy decoding."""
         out = self.model(path, dtype).generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
-            output_logits=True, return_dict_in_generate=True,
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-        return out.sequences[0, len(prompt):].tolist(), torch.cat(out.logits).float()
+        return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float()
 
     @torch.no_grad()
     def last_logits(self, path: Path, prompt: list[int], dtype=torch.float32) -> torch.Tensor:
@@ -82,11 +92,24 @@ def oracle() -> TransformersOracle:
 def make_runner(octavo_platform):
     """``make_runner(path, dtype=..., block_size=..., ...)`` -> a ModelRunner on the selected platform."""
 
-    def make(path, *, dtype="float32", block_size=16, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=None):
+    def make(
+        path,
+        *,
+        dtype="float32",
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        max_model_len=None,
+    ):
         config = ModelConfig.from_folder(
-            path, dtype=dtype, supported_dtypes=octavo_platform.capabilities.dtypes,
-            platform_name=octavo_platform.name, max_model_len=max_model_len,
+            path,
+            dtype=dtype,
+            supported_dtypes=octavo_platform.capabilities.dtypes,
+            platform_name=octavo_platform.name,
+            max_model_len=max_model_len,
         )
-        return ModelRunner(config, octavo_platform, RunnerConfig(block_size, max_num_seqs, max_num_batched_tokens))
+        return ModelRunner(
+            config, octavo_platform, RunnerConfig(block_size, max_num_seqs, max_num_batched_tokens)
+        )
 
     return make

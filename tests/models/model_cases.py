@@ -7,8 +7,11 @@ import random
 from octavo.testing.tiny_models import TinyModelSpec
 
 LLAMA3_ROPE = {
-    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
 }
 
 # One tiny model per architecture, each also exercising a feature of its family.

@@ -69,7 +69,9 @@ class DriverRequest:
 class Driver:
     """Runs requests to completion on ``runner``; ``outputs()`` gives their tokens."""
 
-    def __init__(self, runner: ModelRunner, num_blocks: int, num_host_blocks: int = 0, seed: int = 0):
+    def __init__(
+        self, runner: ModelRunner, num_blocks: int, num_host_blocks: int = 0, seed: int = 0
+    ):
         self.runner = runner
         self.block_size = runner.block_size
         self.device_blocks = BlockAllocator(num_blocks, seed)
@@ -81,7 +83,9 @@ class Driver:
         self.pending_transfers: list[BlockTransfer] = []
         self.last_output: Optional[ModelRunnerOutput] = None
 
-    def add(self, prompt: list[int], max_tokens: int, params: SamplingParams = GREEDY, arrival: int = 0) -> DriverRequest:
+    def add(
+        self, prompt: list[int], max_tokens: int, params: SamplingParams = GREEDY, arrival: int = 0
+    ) -> DriverRequest:
         req = DriverRequest(f"req-{len(self.requests)}", list(prompt), params, max_tokens, arrival)
         self.requests.append(req)
         return req
@@ -91,7 +95,9 @@ class Driver:
 
     # --- one step ----------------------------------------------------------------------------
 
-    def step(self, chunk_size: Optional[int] = None, skip: tuple[str, ...] = ()) -> ModelRunnerOutput:
+    def step(
+        self, chunk_size: Optional[int] = None, skip: tuple[str, ...] = ()
+    ) -> ModelRunnerOutput:
         new, cached, scheduled = [], [], {}
         for req in self.active():
             if req.req_id in skip or req.swapped_out:
@@ -101,18 +107,31 @@ class Driver:
             need = -(-(req.num_computed + n) // self.block_size) - len(req.block_ids)
             req.block_ids += self.device_blocks.allocate(max(need, 0))
             if not req.seen:
-                new.append(NewRequestData(req.req_id, req.prompt, req.params, list(req.block_ids), req.num_computed))
+                new.append(
+                    NewRequestData(
+                        req.req_id, req.prompt, req.params, list(req.block_ids), req.num_computed
+                    )
+                )
                 req.seen = True
             else:
                 start = req.table_start if req.table_start is not None else req.sent_blocks
-                cached.append(CachedRequestData(
-                    req.req_id, req.block_ids[start:], req.num_computed,
-                    resumed_from_preemption=req.resumed, block_table_start=req.table_start,
-                ))
+                cached.append(
+                    CachedRequestData(
+                        req.req_id,
+                        req.block_ids[start:],
+                        req.num_computed,
+                        resumed_from_preemption=req.resumed,
+                        block_table_start=req.table_start,
+                    )
+                )
             req.sent_blocks, req.table_start, req.resumed = len(req.block_ids), None, False
             scheduled[req.req_id] = n
         output = SchedulerOutput(
-            new, cached, scheduled, sum(scheduled.values()), finished_req_ids=self.finished_ids,
+            new,
+            cached,
+            scheduled,
+            sum(scheduled.values()),
+            finished_req_ids=self.finished_ids,
             kv_transfers=tuple(self.pending_transfers),
         )
         self.finished_ids, self.pending_transfers = set(), []
@@ -164,14 +183,18 @@ class Driver:
     def preempt_swap(self, req: DriverRequest) -> None:
         """Move the request's blocks to host memory (done at the start of the next step)."""
         req.host_block_ids = self.host_blocks.allocate(len(req.block_ids))
-        self.pending_transfers.append(BlockTransfer(TransferKind.SWAP_OUT, tuple(req.block_ids), tuple(req.host_block_ids)))
+        self.pending_transfers.append(
+            BlockTransfer(TransferKind.SWAP_OUT, tuple(req.block_ids), tuple(req.host_block_ids))
+        )
         self.device_blocks.free(req.block_ids)
         req.block_ids, req.swapped_out = [], True
 
     def swap_in(self, req: DriverRequest) -> None:
         """Bring a swapped-out request back into fresh device blocks."""
         req.block_ids = self.device_blocks.allocate(len(req.host_block_ids))
-        self.pending_transfers.append(BlockTransfer(TransferKind.SWAP_IN, tuple(req.host_block_ids), tuple(req.block_ids)))
+        self.pending_transfers.append(
+            BlockTransfer(TransferKind.SWAP_IN, tuple(req.host_block_ids), tuple(req.block_ids))
+        )
         self.host_blocks.free(req.host_block_ids)
         req.swapped_out, req.resumed, req.table_start = False, True, 0
 

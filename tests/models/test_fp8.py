@@ -19,7 +19,9 @@ from octavo.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from octavo.platform import AttentionMetadata, Platform
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
-SPEC = TinyModelSpec(hidden_size=64, num_hidden_layers=2, vocab_size=512, max_position_embeddings=128, seed=7)
+SPEC = TinyModelSpec(
+    hidden_size=64, num_hidden_layers=2, vocab_size=512, max_position_embeddings=128, seed=7
+)
 BLOCK_SIZE = 16
 
 
@@ -42,7 +44,9 @@ def model_dir(tmp_path_factory):
 def load(model_dir, quantization, platform_name="cpu"):
     platform = Platform.select(device=platform_name)
     config = ModelConfig.from_folder(model_dir, dtype="float32")
-    model = load_model(config, platform, block_size=BLOCK_SIZE, device="cpu", quantization=quantization)
+    model = load_model(
+        config, platform, block_size=BLOCK_SIZE, device="cpu", quantization=quantization
+    )
     return model, platform
 
 
@@ -68,21 +72,30 @@ def prefill_logits(model, prompt: list[int]) -> torch.Tensor:
 
 @cpu_only
 def test_quantize_rows_round_trips_within_fp8_precision():
-    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * torch.tensor([[1e-3], [1], [30], [0], [5]])
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * torch.tensor(
+        [[1e-3], [1], [30], [0], [5]]
+    )
     q, scale = quantize_rows(x)
     assert q.dtype == FP8_DTYPE and scale.shape == (5, 1)
-    assert torch.equal(q.float().abs().amax(1)[[0, 1, 2, 4]], torch.full((4,), 448.0))  # rows use the full range
+    assert torch.equal(
+        q.float().abs().amax(1)[[0, 1, 2, 4]], torch.full((4,), 448.0)
+    )  # rows use the full range
     torch.testing.assert_close(q.float() * scale, x, atol=0, rtol=2**-3)  # e4m3: 3 mantissa bits
 
 
 @cpu_only
 def test_only_decoder_linear_weights_are_quantised(model_dir):
     model, _ = load(model_dir, "fp8")
-    linear = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    linear = [
+        m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
+    ]
     assert len(linear) == 4 * SPEC.num_hidden_layers  # qkv, o, gate_up, down per layer
     for layer in linear:
         assert layer.weight.dtype == FP8_DTYPE
-        assert layer.weight_scale.shape == (layer.weight.shape[0],) and layer.weight_scale.dtype == torch.float32
+        assert (
+            layer.weight_scale.shape == (layer.weight.shape[0],)
+            and layer.weight_scale.dtype == torch.float32
+        )
     assert model.model.embed_tokens.weight.dtype == torch.float32
     assert model.lm_head.weight.dtype == torch.float32
 
@@ -111,26 +124,41 @@ def test_a_platform_without_fp8_refuses_it(model_dir, monkeypatch):
     import dataclasses
 
     platform = Platform.select(device="cpu")
-    monkeypatch.setattr(platform, "capabilities", dataclasses.replace(platform.capabilities, supports_fp8=False))
+    monkeypatch.setattr(
+        platform, "capabilities", dataclasses.replace(platform.capabilities, supports_fp8=False)
+    )
     config = ModelConfig.from_folder(model_dir, dtype="float32")
     with pytest.raises(ConfigError, match="has no FP8 kernels"):
         load_model(config, platform, block_size=BLOCK_SIZE, device="cpu", quantization="fp8")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(emulated_platform() is None, reason="needs TRITON_INTERPRET=1 (the cuda-interpret leg)")
+@pytest.mark.skipif(
+    emulated_platform() is None, reason="needs TRITON_INTERPRET=1 (the cuda-interpret leg)"
+)
 def test_fp8_greedy_tokens_match_the_cpu_platform(model_dir):
     """``quantization="fp8"`` on the emulated GPU platform (Triton scaled_mm) generates the
     cpu platform's (reference scaled_mm) greedy tokens."""
     from octavo import LLM, SamplingParams
 
     name = emulated_platform()
-    prompts = [[1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((13, 4, 9))]
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)  # the interpreter is slow
+    prompts = [
+        [1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((13, 4, 9))
+    ]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=10, ignore_eos=True
+    )  # the interpreter is slow
 
     def generate(device: str) -> list[list[int]]:
-        llm = LLM(str(model_dir), device=device, quantization="fp8", dtype="float32",
-                  kv_cache_memory="2MiB", max_num_seqs=4, max_num_batched_tokens=32)
+        llm = LLM(
+            str(model_dir),
+            device=device,
+            quantization="fp8",
+            dtype="float32",
+            kv_cache_memory="2MiB",
+            max_num_seqs=4,
+            max_num_batched_tokens=32,
+        )
         assert llm.engine.core.platform.name == device
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]

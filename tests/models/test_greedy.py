@@ -24,7 +24,9 @@ def run_greedy(runner, prompts, max_tokens, chunk_size=None, seed=0):
 def test_last_position_logits_match_transformers(arch, tiny_models, make_runner, oracle):
     runner = make_runner(tiny_models[arch])
     captured = []
-    runner.logits_processors.append(lambda logits, batch, rows: captured.append(logits.clone()) or logits)
+    runner.logits_processors.append(
+        lambda logits, batch, rows: captured.append(logits.clone()) or logits
+    )
     driver = Driver(runner, blocks_needed(PROMPTS, 1, runner.block_size))
     for prompt in PROMPTS:
         driver.add(prompt, max_tokens=1)
@@ -38,7 +40,9 @@ def test_last_position_logits_match_transformers(arch, tiny_models, make_runner,
 @pytest.mark.parametrize("chunk_size", [None, 7], ids=["whole", "chunk7"])
 @pytest.mark.parametrize("block_size", [1, 16, 128])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_greedy_mixed_batch_matches_transformers(arch, block_size, chunk_size, tiny_models, make_runner, oracle):
+def test_greedy_mixed_batch_matches_transformers(
+    arch, block_size, chunk_size, tiny_models, make_runner, oracle
+):
     path = tiny_models[arch]
     runner = make_runner(path, block_size=block_size)
     outputs = run_greedy(runner, PROMPTS, MAX_TOKENS, chunk_size)
@@ -64,13 +68,15 @@ def test_bfloat16_first_16_greedy_tokens_match_transformers(arch, tiny_models, m
 def assert_bfloat16_greedy_matches(runner, path, oracle, max_tokens: int = 16) -> None:
     """``runner``'s greedy tokens for PROMPTS equal transformers' in bfloat16, ties excepted."""
     steps = []
-    runner.logits_processors.append(lambda logits, batch, rows: steps.append(logits.clone()) or logits)
+    runner.logits_processors.append(
+        lambda logits, batch, rows: steps.append(logits.clone()) or logits
+    )
     outputs = run_greedy(runner, PROMPTS, max_tokens)
     for i, (prompt, ours) in enumerate(zip(PROMPTS, outputs)):
         expected, hf_logits = oracle.greedy_with_logits(path, prompt, max_tokens, torch.bfloat16)
         n = next((k for k in range(max_tokens) if ours[k] != expected[k]), None)
         if n is None:
             continue
-        assert bf16_tie(hf_logits[n], ours[n], expected[n]) and bf16_tie(steps[n][i], ours[n], expected[n]), (
-            f"prompt {i} diverges from transformers at token {n} without a tie: {ours} != {expected}"
-        )
+        assert bf16_tie(hf_logits[n], ours[n], expected[n]) and bf16_tie(
+            steps[n][i], ours[n], expected[n]
+        ), f"prompt {i} diverges from transformers at token {n} without a tie: {ours} != {expected}"

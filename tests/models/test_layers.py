@@ -84,7 +84,9 @@ def test_vocab_parallel_embedding_pads_the_last_shard():
 
 def test_loaders_refuse_tensors_of_the_wrong_shape():
     layer = ColumnParallelLinear(8, (6,), False, **KW)
-    with pytest.raises(ValueError, match=r"has shape \[6, 7\] but the model config implies \[6, 8\]"):
+    with pytest.raises(
+        ValueError, match=r"has shape \[6, 7\] but the model config implies \[6, 8\]"
+    ):
         layer.weight.weight_loader(layer.weight, torch.randn(6, 7))
 
 

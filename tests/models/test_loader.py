@@ -41,7 +41,9 @@ def test_sharded_checkpoint_loads_the_same_weights(tmp_path, octavo_platform):
     spec = TinyModelSpec("Qwen2ForCausalLM", seed=11)
     single = write_tiny_model(tmp_path / "single", spec)
     sharded = write_tiny_model(tmp_path / "sharded", spec, max_shard_size="40KB")
-    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    assert (sharded / "model.safetensors.index.json").is_file() and not (
+        sharded / "model.safetensors"
+    ).exists()
     a, b = load(single, octavo_platform), load(sharded, octavo_platform)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
@@ -62,15 +64,23 @@ def test_dtype_auto_follows_the_checkpoint(tmp_path, octavo_platform):
 
 
 def test_explicit_dtype_the_platform_lacks_is_refused(tiny_models, octavo_platform):
-    lacking = [d for d in ("float16", "bfloat16") if getattr(torch, d) not in octavo_platform.capabilities.dtypes]
+    lacking = [
+        d
+        for d in ("float16", "bfloat16")
+        if getattr(torch, d) not in octavo_platform.capabilities.dtypes
+    ]
     if not lacking:
         pytest.skip("platform offers every dtype")
-    with pytest.raises(ConfigError, match=f"dtype {lacking[0]} is not supported by platform.*offers: float32"):
+    with pytest.raises(
+        ConfigError, match=f"dtype {lacking[0]} is not supported by platform.*offers: float32"
+    ):
         config_of(tiny_models["LlamaForCausalLM"], octavo_platform, dtype=lacking[0])
 
 
 def test_unknown_dtype(tiny_models, octavo_platform):
-    with pytest.raises(ConfigError, match="unknown dtype 'float8'.*auto, float32, bfloat16, float16"):
+    with pytest.raises(
+        ConfigError, match="unknown dtype 'float8'.*auto, float32, bfloat16, float16"
+    ):
         config_of(tiny_models["LlamaForCausalLM"], octavo_platform, dtype="float8")
 
 
@@ -80,7 +90,9 @@ def test_missing_folder(tmp_path, octavo_platform):
 
 
 def test_hub_id_says_models_must_be_local(octavo_platform):
-    with pytest.raises(ConfigError, match="local folders only.*huggingface-cli download meta-llama/Llama-3-8B"):
+    with pytest.raises(
+        ConfigError, match="local folders only.*huggingface-cli download meta-llama/Llama-3-8B"
+    ):
         config_of("meta-llama/Llama-3-8B", octavo_platform)
 
 
@@ -103,7 +115,10 @@ def test_folder_without_weights(llama_copy, octavo_platform):
 
 def test_unsupported_architecture_lists_the_supported_ones(llama_copy, octavo_platform):
     edit_config(llama_copy, architectures=["GPT2LMHeadModel"])
-    with pytest.raises(ConfigError, match="'GPT2LMHeadModel'.*not supported.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+    with pytest.raises(
+        ConfigError,
+        match="'GPT2LMHeadModel'.*not supported.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+    ):
         load(llama_copy, octavo_platform)
 
 
@@ -111,30 +126,46 @@ def test_missing_tensor_is_named(llama_copy, octavo_platform):
     tensors = load_file(llama_copy / "model.safetensors")
     del tensors["model.layers.1.self_attn.k_proj.weight"]
     save_file(tensors, llama_copy / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ConfigError, match="missing 1 tensor.*'model.layers.1.self_attn.k_proj.weight'"):
+    with pytest.raises(
+        ConfigError, match="missing 1 tensor.*'model.layers.1.self_attn.k_proj.weight'"
+    ):
         load(llama_copy, octavo_platform)
 
 
 def test_tensor_of_the_wrong_shape_is_named(llama_copy, octavo_platform):
     edit_config(llama_copy, intermediate_size=96)
-    with pytest.raises(ConfigError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 128\] but the model config implies \[64, 96\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 128\] but the model config implies \[64, 96\]",
+    ):
         load(llama_copy, octavo_platform)
 
 
 def test_unsupported_rope_scaling_is_refused(llama_copy, octavo_platform):
-    edit_config(llama_copy, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
-    with pytest.raises(ConfigError, match="rope scaling type 'dynamic' is not supported; supported types: default, linear, llama3"):
+    edit_config(
+        llama_copy, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    )
+    with pytest.raises(
+        ConfigError,
+        match="rope scaling type 'dynamic' is not supported; supported types: default, linear, llama3",
+    ):
         config_of(llama_copy, octavo_platform)
 
 
 def test_max_model_len_beyond_the_model(llama_copy, octavo_platform):
-    with pytest.raises(ConfigError, match="max_model_len 4096 exceeds the model's max_position_embeddings"):
+    with pytest.raises(
+        ConfigError, match="max_model_len 4096 exceeds the model's max_position_embeddings"
+    ):
         config_of(llama_copy, octavo_platform, max_model_len=4096)
 
 
 def test_generation_config_and_special_tokens(stories260k_path, octavo_platform):
     config = config_of(stories260k_path, octavo_platform)
-    assert (config.architecture, config.dtype, config.tie_word_embeddings) == ("LlamaForCausalLM", torch.float32, True)
+    assert (config.architecture, config.dtype, config.tie_word_embeddings) == (
+        "LlamaForCausalLM",
+        torch.float32,
+        True,
+    )
     assert (config.bos_token_id, config.eos_token_ids, config.max_model_len) == (1, (2,), 512)
     assert config.head_dim == 8 and config.num_key_value_heads == 4
 
@@ -143,7 +174,10 @@ def test_tiny_model_tokenizer_covers_the_vocabulary(tiny_models):
     tokenizer = load_tokenizer(tiny_models["LlamaForCausalLM"])
     assert len(tokenizer) == 512
     ids = tokenizer("the little cat ran home.").input_ids
-    assert ids[0] == 1 and tokenizer.decode(ids, skip_special_tokens=True) == "the little cat ran home."
+    assert (
+        ids[0] == 1
+        and tokenizer.decode(ids, skip_special_tokens=True) == "the little cat ran home."
+    )
     assert tokenizer.decode([511])  # filler ids decode to something
 
 

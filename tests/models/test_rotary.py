@@ -8,20 +8,40 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from octavo.errors import ConfigError
-from octavo.models.layers.rotary import RopeConfig, RotaryEmbedding, apply_rotary, inverse_frequencies, parse_rope_config
+from octavo.models.layers.rotary import (
+    RopeConfig,
+    RotaryEmbedding,
+    apply_rotary,
+    inverse_frequencies,
+    parse_rope_config,
+)
 
 HEAD_DIM = 32
 SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 256},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
 }
 
 
 def hf_rotary(scaling) -> LlamaRotaryEmbedding:
-    rope = {"rope_type": "default", "rope_theta": 500000.0} if scaling is None else {**scaling, "rope_theta": 500000.0}
-    config = LlamaConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, max_position_embeddings=2048, rope_parameters=rope)
+    rope = (
+        {"rope_type": "default", "rope_theta": 500000.0}
+        if scaling is None
+        else {**scaling, "rope_theta": 500000.0}
+    )
+    config = LlamaConfig(
+        hidden_size=HEAD_DIM * 4,
+        num_attention_heads=4,
+        max_position_embeddings=2048,
+        rope_parameters=rope,
+    )
     return LlamaRotaryEmbedding(config)
 
 
@@ -36,7 +56,9 @@ def test_inverse_frequencies_equal_transformers(kind):
 @pytest.mark.parametrize("kind", SCALINGS)
 def test_rotation_equals_transformers_bit_for_bit(kind, dtype):
     hf = hf_rotary(SCALINGS[kind])
-    rope = parse_rope_config({"rope_parameters": {**(SCALINGS[kind] or {}), "rope_theta": 500000.0}})
+    rope = parse_rope_config(
+        {"rope_parameters": {**(SCALINGS[kind] or {}), "rope_theta": 500000.0}}
+    )
     ours = RotaryEmbedding(HEAD_DIM, 2048, rope, "cpu")
     generator = torch.Generator().manual_seed(0)
     positions = torch.randint(0, 2048, (13,), generator=generator)
@@ -45,22 +67,31 @@ def test_rotation_equals_transformers_bit_for_bit(kind, dtype):
     q_rot, k_rot = apply_rotary(ours.cos_sin(positions, dtype), q, k, HEAD_DIM)
     cos, sin = hf(q, positions[None])  # [1, T, D]
     hf_q, hf_k = apply_rotary_pos_emb(
-        q.view(1, 13, 4, HEAD_DIM).transpose(1, 2), k.view(1, 13, 2, HEAD_DIM).transpose(1, 2), cos, sin
+        q.view(1, 13, 4, HEAD_DIM).transpose(1, 2),
+        k.view(1, 13, 2, HEAD_DIM).transpose(1, 2),
+        cos,
+        sin,
     )
-    assert torch.equal(q_rot, hf_q.transpose(1, 2)[0]) and torch.equal(k_rot, hf_k.transpose(1, 2)[0])
+    assert torch.equal(q_rot, hf_q.transpose(1, 2)[0]) and torch.equal(
+        k_rot, hf_k.transpose(1, 2)[0]
+    )
 
 
 def test_both_config_formats_read_the_same():
     new = {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
     old = {"rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 2.0}}
     assert parse_rope_config(new) == parse_rope_config(old) == RopeConfig("linear", 1e6, factor=2.0)
-    assert parse_rope_config({"rope_theta": 5e5, "rope_scaling": None}) == RopeConfig("default", 5e5)
+    assert parse_rope_config({"rope_theta": 5e5, "rope_scaling": None}) == RopeConfig(
+        "default", 5e5
+    )
     assert parse_rope_config({}) == RopeConfig("default", 10000.0)
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "yarn", "longrope"])
 def test_unsupported_scaling_types_are_refused(kind):
-    with pytest.raises(ConfigError, match=f"'{kind}' is not supported; supported types: default, linear, llama3"):
+    with pytest.raises(
+        ConfigError, match=f"'{kind}' is not supported; supported types: default, linear, llama3"
+    ):
         parse_rope_config({"rope_scaling": {"rope_type": kind, "factor": 2.0}})
 
 

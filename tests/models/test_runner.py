@@ -36,7 +36,9 @@ def test_flat_batch_layout(llama, make_runner):
             NewRequestData("b", prompts[1], params, [5, 9], 8),  # prefix hit: 8 cached, 2 new
             NewRequestData("c", prompts[2], params, [2], 0),  # first chunk of 5
         ],
-        [], {"a": 5, "b": 2, "c": 5}, 12,
+        [],
+        {"a": 5, "b": 2, "c": 5},
+        12,
     )
     runner._update_states(so)
     step = runner._prepare_inputs(so)
@@ -46,7 +48,11 @@ def test_flat_batch_layout(llama, make_runner):
     assert md.slot_mapping.tolist() == [56, 57, 58, 59, 60, 72, 73, 16, 17, 18, 19, 20]
     assert md.query_start_loc.tolist() == [0, 5, 7, 12]
     assert md.seq_lens.tolist() == [5, 10, 5]
-    assert md.block_table[0, 0] == 7 and md.block_table[1, :2].tolist() == [5, 9] and md.block_table[2, 0] == 2
+    assert (
+        md.block_table[0, 0] == 7
+        and md.block_table[1, :2].tolist() == [5, 9]
+        and md.block_table[2, 0] == 2
+    )
     assert (md.max_query_len, md.max_seq_len) == (5, 10)
     assert step.sample_rows.tolist() == [0, 1]  # "c" is mid-prompt: no token
     assert step.logits_indices.tolist() == [4, 6]  # "c" samples nothing

@@ -29,9 +29,15 @@ def reference_cases(reference) -> list[tuple[list[int], list[int]]]:
 
 @pytest.mark.parametrize(
     "block_size, chunk_size",
-    [(16, None), pytest.param(1, 7, marks=pytest.mark.slow), pytest.param(128, 7, marks=pytest.mark.slow)],
+    [
+        (16, None),
+        pytest.param(1, 7, marks=pytest.mark.slow),
+        pytest.param(128, 7, marks=pytest.mark.slow),
+    ],
 )
-def test_reference_continuations_in_one_mixed_batch(stories260k_path, reference, make_runner, block_size, chunk_size):
+def test_reference_continuations_in_one_mixed_batch(
+    stories260k_path, reference, make_runner, block_size, chunk_size
+):
     cases = reference_cases(reference)
     runner = make_runner(stories260k_path, block_size=block_size)
     prompts = [prompt for prompt, _ in cases]
@@ -45,12 +51,16 @@ def test_prompt_logits_match_transformers(stories260k_path, reference, make_runn
     prompt = reference["prompt_ids"]["hf"]
     runner = make_runner(stories260k_path)
     captured = []
-    runner.logits_processors.append(lambda logits, batch, rows: captured.append(logits.clone()) or logits)
+    runner.logits_processors.append(
+        lambda logits, batch, rows: captured.append(logits.clone()) or logits
+    )
     driver = Driver(runner, blocks_needed([prompt], 1, runner.block_size))
     driver.add(prompt, max_tokens=1)
     driver.step()
     logits = captured[0][0]
-    torch.testing.assert_close(logits, oracle.last_logits(stories260k_path, prompt), rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        logits, oracle.last_logits(stories260k_path, prompt), rtol=0, atol=1e-4
+    )
     assert logits.topk(5).indices.tolist() == reference["prompt_last_top5"]
 
 

@@ -47,8 +47,12 @@ def widening_platform(platform, dtypes):
 
 
 def runner_for(path, platform, dtype):
-    config = ModelConfig.from_folder(path, dtype=dtype, supported_dtypes=platform.capabilities.dtypes,
-                                     platform_name=platform.name)
+    config = ModelConfig.from_folder(
+        path,
+        dtype=dtype,
+        supported_dtypes=platform.capabilities.dtypes,
+        platform_name=platform.name,
+    )
     return ModelRunner(config, platform, RunnerConfig(16, 8, 512))
 
 
@@ -68,13 +72,20 @@ def test_only_linear_layers_and_the_head_product_are_widened(tiny_models, octavo
     hidden = torch.randn(3, head.embedding_dim, dtype=torch.bfloat16)
     assert head(hidden).dtype == torch.bfloat16
 
-    float32_runner = runner_for(path, widening_platform(octavo_platform, (torch.bfloat16,)), "float32")
-    assert all(m.quant_method is None for m in float32_runner.model.modules()
-               if isinstance(m, (ColumnParallelLinear, RowParallelLinear)))
+    float32_runner = runner_for(
+        path, widening_platform(octavo_platform, (torch.bfloat16,)), "float32"
+    )
+    assert all(
+        m.quant_method is None
+        for m in float32_runner.model.modules()
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
+    )
 
 
 @pytest.mark.parametrize("widened", [(torch.bfloat16,), ()], ids=["widened", "native"])
-def test_bfloat16_greedy_tokens_match_transformers_either_way(widened, tiny_models, octavo_platform, oracle):
+def test_bfloat16_greedy_tokens_match_transformers_either_way(
+    widened, tiny_models, octavo_platform, oracle
+):
     """As test_greedy's bfloat16 check (ties between the top two tokens excepted), for both paths."""
     path = tiny_models["LlamaForCausalLM"]
     runner = runner_for(path, widening_platform(octavo_platform, widened), "bfloat16")

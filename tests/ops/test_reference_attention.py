@@ -26,8 +26,12 @@ def dense_attention(q, k, v, scale, sliding_window=None):
     if sliding_window is not None:
         mask = mask.triu(-(sliding_window - 1))
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
-        attn_mask=mask, scale=scale, enable_gqa=True,
+        q.transpose(0, 1).float(),
+        k.transpose(0, 1).float(),
+        v.transpose(0, 1).float(),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
     )
     return out.transpose(0, 1)
 
@@ -38,8 +42,12 @@ def paged_case(requests, num_heads, num_kv_heads, head_dim, block_size, dtype, n
     seqs = []
     for computed, new in requests:
         length = computed + new
-        seqs.append([torch.randn(length, h, head_dim, generator=gen).to(dtype)
-                     for h in (num_heads, num_kv_heads, num_kv_heads)])
+        seqs.append(
+            [
+                torch.randn(length, h, head_dim, generator=gen).to(dtype)
+                for h in (num_heads, num_kv_heads, num_kv_heads)
+            ]
+        )
     blocks_per_req = [-(-(c + n) // block_size) for c, n in requests]
     num_blocks = sum(blocks_per_req) + 2
     order = torch.randperm(num_blocks, generator=gen).tolist()
@@ -48,7 +56,7 @@ def paged_case(requests, num_heads, num_kv_heads, head_dim, block_size, dtype, n
     slots, queries, keys, values = [], [], [], []
     for r, ((computed, new), (q, k, v)) in enumerate(zip(requests, seqs)):
         block_table[r, : blocks_per_req[r]] = torch.tensor(order[: blocks_per_req[r]])
-        order = order[blocks_per_req[r]:]
+        order = order[blocks_per_req[r] :]
         for pos in range(computed + new):
             block, offset = int(block_table[r, pos // block_size]), pos % block_size
             if pos < computed:

@@ -15,8 +15,9 @@ def python_allowed(word: int, bit: int) -> bool:
 def make(num_rows, num_mask_rows, vocab, seed):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(num_rows, vocab, generator=gen)
-    bitmask = torch.randint(-(2**31), 2**31 - 1, (num_mask_rows, -(-vocab // 32)),
-                            generator=gen, dtype=torch.int64).to(torch.int32)
+    bitmask = torch.randint(
+        -(2**31), 2**31 - 1, (num_mask_rows, -(-vocab // 32)), generator=gen, dtype=torch.int64
+    ).to(torch.int32)
     return logits, bitmask
 
 

@@ -117,7 +117,14 @@ def plugins_imported_once():
 
 def run_suite(pytester: pytest.Pytester, target: str, *args: str) -> pytest.RunResult:
     return pytester.runpytest(
-        "--pyargs", target, "--octavo-platform", "cpu", "-p", "no:cacheprovider", "-q", "-rf",
+        "--pyargs",
+        target,
+        "--octavo-platform",
+        "cpu",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rf",
         *args,
     )
 
@@ -129,8 +136,11 @@ def test_suite_fails_for_a_perturbed_kernel(pytester: pytest.Pytester, kind: str
     pytester.syspathinsert()
     # -x: the first failure is enough, and keeps this test quick.
     result = run_suite(
-        pytester, f"octavo.testing.conformance.{module}", "-x",
-        "--octavo-plugin", f"perturbed_{kind}",
+        pytester,
+        f"octavo.testing.conformance.{module}",
+        "-x",
+        "--octavo-plugin",
+        f"perturbed_{kind}",
     )
     assert result.parseoutcomes().get("failed", 0) == 1, result.stdout.str()
     result.stdout.fnmatch_lines([f"FAILED *::{must_fail}*"])
@@ -142,8 +152,12 @@ def test_distribution_check_catches_a_lossy_verifier(pytester: pytest.Pytester):
     pytester.makepyfile(perturbed_rejection=ACCEPT_EVERY_DRAFT)
     pytester.syspathinsert()
     result = run_suite(
-        pytester, "octavo.testing.conformance.test_rejection_sampler", "-k", "follow_the_target_distribution",
-        "--octavo-plugin", "perturbed_rejection",
+        pytester,
+        "octavo.testing.conformance.test_rejection_sampler",
+        "-k",
+        "follow_the_target_distribution",
+        "--octavo-plugin",
+        "perturbed_rejection",
     )
     assert result.parseoutcomes().get("failed", 0) == 2, result.stdout.str()
 

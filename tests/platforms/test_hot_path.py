@@ -9,7 +9,9 @@ from octavo.platform import AttentionMetadata, AttentionSpec, Platform, Sampling
 
 def test_calling_resolved_kernels_calls_no_hook():
     platform = Platform.select(device="cpu")
-    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, block_size=4, scale=8**-0.5)
+    spec = AttentionSpec(
+        num_heads=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, block_size=4, scale=8**-0.5
+    )
     backend = platform.attention_backend(spec)
     rms_norm = platform.rms_norm(32, 1e-5, torch.float32)
     sampler = platform.sampler(50)
@@ -60,7 +62,10 @@ def test_fp8_layers_and_the_rejection_sampler_call_no_hook():
 
     platform = Platform.select(device="cpu")
     kw = dict(dtype=torch.float32, device="cpu")
-    gate_up, down = MergedColumnParallelLinear(16, (32, 32), False, **kw), RowParallelLinear(32, 16, True, **kw)
+    gate_up, down = (
+        MergedColumnParallelLinear(16, (32, 32), False, **kw),
+        RowParallelLinear(32, 16, True, **kw),
+    )
     for layer in (gate_up, down):
         torch.nn.init.normal_(layer.weight)
     quantize_model(torch.nn.ModuleList([gate_up, down]), platform, "fp8")
@@ -74,8 +79,15 @@ def test_fp8_layers_and_the_rejection_sampler_call_no_hook():
         for _ in range(2):
             gate, up = gate_up.forward_parts(torch.randn(3, 16))
             y = down(gate * up)
-            out = verify(torch.tensor([1, 2]), [2], None, torch.softmax(torch.randn(3, 8), -1),
-                         torch.ones(1), torch.rand(2), torch.ones(1, 8))
+            out = verify(
+                torch.tensor([1, 2]),
+                [2],
+                None,
+                torch.softmax(torch.randn(3, 8), -1),
+                torch.ones(1),
+                torch.rand(2),
+                torch.ones(1, 8),
+            )
         assert y.shape == (3, 16) and out.shape == (1, 3)
     finally:
         undo()

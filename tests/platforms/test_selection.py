@@ -82,7 +82,9 @@ def test_forcing_an_unknown_platform_lists_the_installed_ones():
 
 
 def test_a_tie_is_an_error_naming_both():
-    pm = create_plugin_manager(plugins=[("alpha", fake_platform("alpha", 50)), ("beta", fake_platform("beta", 50))])
+    pm = create_plugin_manager(
+        plugins=[("alpha", fake_platform("alpha", 50)), ("beta", fake_platform("beta", 50))]
+    )
     with pytest.raises(PlatformError, match="'alpha' and 'beta'|'beta' and 'alpha'"):
         Platform.select(pm=pm)
 
@@ -92,7 +94,9 @@ def test_a_broken_detection_is_reported_not_fatal():
     def octavo_platform_detect():
         raise RuntimeError("driver exploded")
 
-    pm = create_plugin_manager(plugins=[("broken", types.SimpleNamespace(octavo_platform_detect=octavo_platform_detect))])
+    pm = create_plugin_manager(
+        plugins=[("broken", types.SimpleNamespace(octavo_platform_detect=octavo_platform_detect))]
+    )
     broken = next(d for d in detect_platforms(pm) if d.plugin_name == "broken")
     assert not broken.info.available and "driver exploded" in broken.info.reason
     assert Platform.select(pm=pm).name == "cpu"
@@ -109,8 +113,12 @@ def install_entry_point(root, group: str, name: str, module_source: str) -> None
 
 
 def test_a_platform_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypatch):
-    install_entry_point(tmp_path, "octavo.platforms", "brokenvendor",
-                        "raise ImportError('libvendorrt.so.3: cannot open shared object file')\n")
+    install_entry_point(
+        tmp_path,
+        "octavo.platforms",
+        "brokenvendor",
+        "raise ImportError('libvendorrt.so.3: cannot open shared object file')\n",
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     pm = create_plugin_manager()
     broken = next(d for d in detect_platforms(pm) if d.plugin_name == "brokenvendor")
@@ -120,8 +128,12 @@ def test_a_platform_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, 
     assert Platform.select(pm=pm).name == "cpu"
 
 
-def test_an_extension_plugin_that_fails_to_import_is_skipped_and_logged(tmp_path, monkeypatch, caplog):
-    install_entry_point(tmp_path, "octavo.plugins", "brokenext", "raise RuntimeError('bad kernels')\n")
+def test_an_extension_plugin_that_fails_to_import_is_skipped_and_logged(
+    tmp_path, monkeypatch, caplog
+):
+    install_entry_point(
+        tmp_path, "octavo.plugins", "brokenext", "raise RuntimeError('bad kernels')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     pm = create_plugin_manager()
     assert pm.get_plugin("brokenext") is None and pm.get_plugin("cpu") is not None
@@ -144,7 +156,9 @@ def test_a_misspelled_hookimpl_is_rejected():
         return None
 
     with pytest.raises(pluggy.PluginValidationError, match="octavo_rms_nrom"):
-        create_plugin_manager(plugins=[("typo", types.SimpleNamespace(octavo_rms_nrom=octavo_rms_nrom))])
+        create_plugin_manager(
+            plugins=[("typo", types.SimpleNamespace(octavo_rms_nrom=octavo_rms_nrom))]
+        )
 
 
 def test_an_implementation_with_an_unknown_argument_is_rejected():
@@ -153,4 +167,6 @@ def test_an_implementation_with_an_unknown_argument_is_rejected():
         return None
 
     with pytest.raises(pluggy.PluginValidationError, match="temperature"):
-        create_plugin_manager(plugins=[("bad", types.SimpleNamespace(octavo_sampler=octavo_sampler))])
+        create_plugin_manager(
+            plugins=[("bad", types.SimpleNamespace(octavo_sampler=octavo_sampler))]
+        )

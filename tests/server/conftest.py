@@ -29,7 +29,14 @@ from octavo.entrypoints.openai.api_server import build_app  # noqa: E402
 from octavo.entrypoints.openai.serving_common import ServerConfig  # noqa: E402
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model  # noqa: E402
 
-TINY = TinyModelSpec("LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256, seed=11)
+TINY = TinyModelSpec(
+    "LlamaForCausalLM",
+    hidden_size=64,
+    num_hidden_layers=2,
+    vocab_size=512,
+    max_position_embeddings=256,
+    seed=11,
+)
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -92,17 +99,24 @@ class RunningServer:
         kv = self.engine.core.kv_cache_manager
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.engine.has_unfinished_requests() and kv.num_free_blocks == kv.block_pool.num_blocks:
+            if (
+                not self.engine.has_unfinished_requests()
+                and kv.num_free_blocks == kv.block_pool.num_blocks
+            ):
                 return
             time.sleep(0.02)
-        raise AssertionError(f"engine not idle after {timeout} s: {kv.num_free_blocks}/{kv.block_pool.num_blocks} blocks free")
+        raise AssertionError(
+            f"engine not idle after {timeout} s: {kv.num_free_blocks}/{kv.block_pool.num_blocks} blocks free"
+        )
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
 
-def start_server(model: Path, config: Optional[ServerConfig] = None, **engine_args) -> RunningServer:
+def start_server(
+    model: Path, config: Optional[ServerConfig] = None, **engine_args
+) -> RunningServer:
     """Build an engine on ``model`` and serve it on a free port; returns once it accepts requests."""
     import uvicorn
 
@@ -158,7 +172,9 @@ def chat_ids(offline) -> Callable[[list[dict]], list[int]]:
     """The prompt ids the model's chat template gives a conversation."""
 
     def render(messages: list[dict]) -> list[int]:
-        rendered = offline.get_tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        rendered = offline.get_tokenizer().apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
         return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 
     return render

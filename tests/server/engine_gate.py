@@ -64,7 +64,9 @@ class EngineGate:
 
     def wait_held(self, timeout: float = 30.0) -> None:
         """Return once the engine thread is held in a forward."""
-        assert self.holding.wait(timeout), f"the engine was not held within {timeout} s ({self.num_forwards} forwards ran)"
+        assert self.holding.wait(timeout), (
+            f"the engine was not held within {timeout} s ({self.num_forwards} forwards ran)"
+        )
 
     def release(self) -> None:
         """Let the engine go on; no forward is held after this."""
@@ -78,7 +80,9 @@ class EngineGate:
         self.release()
         self._handle.remove()
         if exc_type is None:
-            assert not self.timed_out, f"a forward was held for {self.timeout} s: the test never released it"
+            assert not self.timed_out, (
+                f"a forward was held for {self.timeout} s: the test never released it"
+            )
 
 
 def pending_commands(async_engine: AsyncEngine) -> int:

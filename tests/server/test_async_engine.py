@@ -46,7 +46,9 @@ def test_idle_loop_blocks_instead_of_spinning(async_engine):
 
 def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, offline):
     params = SamplingParams(max_tokens=12, temperature=0, output_kind=RequestOutputKind.DELTA)
-    (expected,) = offline.generate(["once upon a time"], SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)
+    (expected,) = offline.generate(
+        ["once upon a time"], SamplingParams(max_tokens=12, temperature=0), use_tqdm=False
+    )
 
     async def collect() -> tuple[str, list[int], int]:
         text, token_ids, num_outputs = "", [], 0
@@ -70,7 +72,9 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
             task = asyncio.ensure_future(consume())
             await asyncio.wait_for(first.wait(), 30)
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)  # the generator sent its abort on the way out
+            await asyncio.gather(
+                task, return_exceptions=True
+            )  # the generator sent its abort on the way out
 
     async def main():
         async_engine.start()
@@ -83,12 +87,17 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
     assert num_outputs > 1
     kv = async_engine.engine.core.kv_cache_manager
     deadline = time.monotonic() + 10
-    while async_engine.engine.has_unfinished_requests() or kv.num_free_blocks != kv.block_pool.num_blocks:
+    while (
+        async_engine.engine.has_unfinished_requests()
+        or kv.num_free_blocks != kv.block_pool.num_blocks
+    ):
         assert time.monotonic() < deadline, "the cancelled request was not aborted"
         time.sleep(0.01)
     assert async_engine.metrics.requests.labels("aborted")._value.get() == 1
     assert async_engine.metrics.requests.labels("finished")._value.get() == 1  # "a" only
-    assert async_engine.metrics.tokens_generated._value.get() <= 12 + 2, "the abort landed right after the held step"
+    assert async_engine.metrics.tokens_generated._value.get() <= 12 + 2, (
+        "the abort landed right after the held step"
+    )
 
 
 def test_bad_prompt_is_refused_and_the_loop_lives_on(async_engine):
@@ -97,7 +106,9 @@ def test_bad_prompt_is_refused_and_the_loop_lives_on(async_engine):
         with pytest.raises(ValueError, match="empty"):
             async for _ in async_engine.generate("bad", [], SamplingParams()):
                 pass
-        outputs = [o async for o in async_engine.generate("good", [1, 5, 9], SamplingParams(max_tokens=2))]
+        outputs = [
+            o async for o in async_engine.generate("good", [1, 5, 9], SamplingParams(max_tokens=2))
+        ]
         return outputs[-1]
 
     final = asyncio.run(main())
@@ -107,7 +118,9 @@ def test_bad_prompt_is_refused_and_the_loop_lives_on(async_engine):
 def test_shutdown_fails_requests_in_flight(async_engine):
     async def main():
         async_engine.start()
-        params = SamplingParams(max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
         # Held in the request's 2nd step until shutdown has been asked, so it is in flight then
         # however fast the machine is; timeout=0: ask, and do not wait for the held thread.
         with EngineGate(async_engine.engine, passes=1):

@@ -26,15 +26,28 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
 
 
 def test_api_key_required_on_api_routes(server_factory):
-    server = server_factory(ServerConfig(served_model_name=MODEL_NAME, api_key="s3cret", log_requests=False))
+    server = server_factory(
+        ServerConfig(served_model_name=MODEL_NAME, api_key="s3cret", log_requests=False)
+    )
     with pytest.raises(openai.AuthenticationError) as denied:
-        server.client(api_key="wrong").completions.create(model=MODEL_NAME, prompt="hi", max_tokens=1)
+        server.client(api_key="wrong").completions.create(
+            model=MODEL_NAME, prompt="hi", max_tokens=1
+        )
     assert denied.value.status_code == 401 and denied.value.body["code"] == "invalid_api_key"
-    ok = server.client(api_key="s3cret").completions.create(model=MODEL_NAME, prompt="hi", max_tokens=1)
+    ok = server.client(api_key="s3cret").completions.create(
+        model=MODEL_NAME, prompt="hi", max_tokens=1
+    )
     assert ok.usage.completion_tokens == 1
     with httpx.Client(base_url=server.base_url) as http:
-        missing = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-        assert missing.status_code == 401 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
+        missing = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert missing.status_code == 401 and set(missing.json()["error"]) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }
         assert missing.headers["x-request-id"]
         assert http.get("/v1/models").status_code == 401
         assert http.post("/tokenize", json={"prompt": "x"}).status_code == 401
@@ -49,15 +62,22 @@ def test_queue_limit_answers_503_with_retry_after(server_factory):
     # The engine is held in its first step until both streams are given up, so neither can
     # finish (and free its room) first, however fast the machine is.
     with httpx.Client(base_url=server.base_url, timeout=60) as http, EngineGate(server.engine):
-        with http.stream("POST", "/v1/completions", json=body) as first, http.stream("POST", "/v1/completions", json=body) as second:
+        with (
+            http.stream("POST", "/v1/completions", json=body) as first,
+            http.stream("POST", "/v1/completions", json=body) as second,
+        ):
             assert first.status_code == 200 and second.status_code == 200
             third = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
             assert third.status_code == 503 and third.headers["retry-after"] == "1"
             assert third.json()["error"]["code"] == "queue_full"
-        wait_for(lambda: serving_context(server).num_admitted == 0)  # both streams closed: both aborts sent
+        wait_for(
+            lambda: serving_context(server).num_admitted == 0
+        )  # both streams closed: both aborts sent
     server.wait_idle()
     with httpx.Client(base_url=server.base_url, timeout=60) as http:
-        assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+        assert (
+            http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+        )
     metrics = server.metrics()
     assert metrics['octavo_requests_total{status="rejected"}'] == 1
     assert metrics['octavo_requests_total{status="aborted"}'] == 2
@@ -65,10 +85,15 @@ def test_queue_limit_answers_503_with_retry_after(server_factory):
 
 
 def test_preemption_under_a_small_kv_cache_keeps_greedy_output(server_factory, offline):
-    server = server_factory(kv_cache_memory="256KiB")  # 32 blocks of 16 tokens for 8 requests of ~100 tokens
+    server = server_factory(
+        kv_cache_memory="256KiB"
+    )  # 32 blocks of 16 tokens for 8 requests of ~100 tokens
     prompts = [f"story number {i} once upon a time" for i in range(8)]
     params = dict(max_tokens=90, temperature=0, ignore_eos=True)
-    expected = [o.outputs[0].text for o in offline.generate(prompts, SamplingParams(**params), use_tqdm=False)]
+    expected = [
+        o.outputs[0].text
+        for o in offline.generate(prompts, SamplingParams(**params), use_tqdm=False)
+    ]
 
     def hold(_: int) -> bool:
         # Until all 8 are in the engine, the early ones step only when a command waits (at most
@@ -80,10 +105,18 @@ def test_preemption_under_a_small_kv_cache_keeps_greedy_output(server_factory, o
 
     async def main():
         async with server.async_client() as client:
-            responses = await asyncio.gather(*(
-                client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=90, temperature=0, extra_body={"ignore_eos": True})
-                for p in prompts
-            ))
+            responses = await asyncio.gather(
+                *(
+                    client.completions.create(
+                        model=MODEL_NAME,
+                        prompt=p,
+                        max_tokens=90,
+                        temperature=0,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for p in prompts
+                )
+            )
         return [r.choices[0].text for r in responses]
 
     with EngineGate(server.engine, hold=hold) as gate:
@@ -96,17 +129,25 @@ def test_ready_fails_when_the_engine_stalls_while_health_stays_up(server_factory
     # ready_timeout bounds one greedy step of a warm engine (ms): a generous deadline, not a bet;
     # the stall is a held forward, so the stuck probe cannot beat its timeout however fast the
     # machine is.
-    server = server_factory(ServerConfig(served_model_name=MODEL_NAME, ready_timeout=2.0, log_requests=False))
-    server.client().completions.create(model=MODEL_NAME, prompt="hi", max_tokens=1)  # the first step may compile kernels
+    server = server_factory(
+        ServerConfig(served_model_name=MODEL_NAME, ready_timeout=2.0, log_requests=False)
+    )
+    server.client().completions.create(
+        model=MODEL_NAME, prompt="hi", max_tokens=1
+    )  # the first step may compile kernels
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         assert http.get("/health/ready").status_code == 200
-        with EngineGate(server.engine):  # a hung device: the probe's step does not come back until released
+        with EngineGate(
+            server.engine
+        ):  # a hung device: the probe's step does not come back until released
             stuck = http.get("/health/ready")
             assert stuck.status_code == 503 and stuck.json()["error"]["code"] == "not_ready"
             assert http.get("/health").status_code == 200
         server.wait_idle()  # the timed-out probe was aborted
         assert http.get("/health/ready").status_code == 200
-    assert server.metrics()['octavo_requests_total{status="aborted"}'] == 0, "probes are not counted"
+    assert server.metrics()['octavo_requests_total{status="aborted"}'] == 0, (
+        "probes are not counted"
+    )
 
 
 def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_their_text(
@@ -132,12 +173,19 @@ def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_thei
 
     def both_streams_decoding(_: int) -> bool:  # hold the engine there until the bad one is queued
         requests = requests_in_engine(server.engine)
-        return not bad_queued.is_set() and len(requests) == 2 and all(r.num_output_tokens for r in requests)
+        return (
+            not bad_queued.is_set()
+            and len(requests) == 2
+            and all(r.num_output_tokens for r in requests)
+        )
 
     async def run():
         client = server.async_client()
         with EngineGate(server.engine, hold=both_streams_decoding) as gate:
-            streams = [await client.completions.create(model=MODEL_NAME, prompt=p, stream=True, **body) for p in prompts]
+            streams = [
+                await client.completions.create(model=MODEL_NAME, prompt=p, stream=True, **body)
+                for p in prompts
+            ]
             texts = [[] for _ in prompts]
 
             async def read(i):
@@ -146,8 +194,14 @@ def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_thei
 
             readers = [asyncio.ensure_future(read(i)) for i in range(len(prompts))]
             await asyncio.to_thread(gate.wait_held)
-            bad = asyncio.ensure_future(client.completions.create(
-                model=MODEL_NAME, prompt="hi", max_tokens=4, extra_body={"repetition_penalty": 1.25}))
+            bad = asyncio.ensure_future(
+                client.completions.create(
+                    model=MODEL_NAME,
+                    prompt="hi",
+                    max_tokens=4,
+                    extra_body={"repetition_penalty": 1.25},
+                )
+            )
             # released once the bad request is queued: it joins the streams' next step
             await asyncio.to_thread(wait_for, lambda: pending_commands(server.async_engine) == 1)
             bad_queued.set()
@@ -165,7 +219,9 @@ def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_thei
         assert http.get("/health").status_code == 200
     metrics = server.metrics()
     assert metrics['octavo_requests_total{status="failed"}'] == 1
-    assert metrics['octavo_requests_total{status="invalid"}'] == invalid_before, "a 500 is not also invalid"
+    assert metrics['octavo_requests_total{status="invalid"}'] == invalid_before, (
+        "a 500 is not also invalid"
+    )
     server.wait_idle()
 
 
@@ -180,8 +236,13 @@ def test_health_503_after_the_engine_loop_dies(server_factory, monkeypatch):
         assert http.get("/health").status_code == 200
         monkeypatch.setattr(runner, "execute_model", device_fault)
         failed = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
-        assert failed.status_code == 503 and "simulated device fault" in failed.json()["error"]["message"]
-        stream = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": True})
+        assert (
+            failed.status_code == 503
+            and "simulated device fault" in failed.json()["error"]["message"]
+        )
+        stream = http.post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": True}
+        )
         assert stream.status_code == 503, "a dead engine refuses new streams before they start"
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"

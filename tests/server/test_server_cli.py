@@ -22,14 +22,42 @@ from octavo.errors import ConfigError
 
 
 def test_serve_flags_reach_engine_args_and_server():
-    args = build_parser().parse_args([
-        "serve", "/models/m", "--max-num-seqs", "8", "--block-size", "32", "--no-enable-prefix-caching",
-        "--max-num-batched-tokens", "1024", "--preemption-mode", "swap", "--scheduling-policy", "priority",
-        "--api-key", "k", "--max-queue-len", "3", "--served-model-name", "m1", "--shutdown-timeout", "5",
-        "--kv-cache-memory", "1GiB", "--disable-log-requests", "--uvicorn-log-level", "warning",
-    ])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "/models/m",
+            "--max-num-seqs",
+            "8",
+            "--block-size",
+            "32",
+            "--no-enable-prefix-caching",
+            "--max-num-batched-tokens",
+            "1024",
+            "--preemption-mode",
+            "swap",
+            "--scheduling-policy",
+            "priority",
+            "--api-key",
+            "k",
+            "--max-queue-len",
+            "3",
+            "--served-model-name",
+            "m1",
+            "--shutdown-timeout",
+            "5",
+            "--kv-cache-memory",
+            "1GiB",
+            "--disable-log-requests",
+            "--uvicorn-log-level",
+            "warning",
+        ]
+    )
     engine_args = EngineArgs.from_cli_args(args, model=args.model)
-    assert (engine_args.model, engine_args.max_num_seqs, engine_args.block_size) == ("/models/m", 8, 32)
+    assert (engine_args.model, engine_args.max_num_seqs, engine_args.block_size) == (
+        "/models/m",
+        8,
+        32,
+    )
     assert not engine_args.enable_prefix_caching and engine_args.max_num_batched_tokens == 1024
     assert (engine_args.preemption_mode, engine_args.scheduling_policy) == ("swap", "priority")
     assert engine_args.kv_cache_memory == 1 << 30 and engine_args.served_model_name == "m1"
@@ -59,8 +87,20 @@ def test_sigterm_lets_10_streams_finish_then_exits_0(server_model: Path):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [
-        sys.executable, "-m", "octavo.cli", "serve", str(server_model), "--port", str(port), "--kv-cache-memory", "8MiB",
-        "--disable-log-requests", "--uvicorn-log-level", "warning", "--shutdown-timeout", "60",
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "serve",
+        str(server_model),
+        "--port",
+        str(port),
+        "--kv-cache-memory",
+        "8MiB",
+        "--disable-log-requests",
+        "--uvicorn-log-level",
+        "warning",
+        "--shutdown-timeout",
+        "60",
     ]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
@@ -74,13 +114,21 @@ def test_sigterm_lets_10_streams_finish_then_exits_0(server_model: Path):
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        body = {"prompt": "once upon a time", "max_tokens": 150, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": "once upon a time",
+            "max_tokens": 150,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         started = threading.Barrier(11)
         results: list = [None] * 10
 
         def client(i: int) -> None:
-            with httpx.Client(base_url=base_url, timeout=120) as http, http.stream("POST", "/v1/completions", json=body) as stream:
+            with (
+                httpx.Client(base_url=base_url, timeout=120) as http,
+                http.stream("POST", "/v1/completions", json=body) as stream,
+            ):
                 lines = stream.iter_lines()
                 chunks = [next(line for line in lines if line)]
                 started.wait()

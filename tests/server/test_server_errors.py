@@ -24,7 +24,13 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": []}, 400, "prompt", None),
     ("/v1/completions", {"prompt": [99999]}, 400, "prompt", None),
     ("/v1/completions", {"prompt": TOO_LONG}, 400, "prompt", "context_length_exceeded"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 300}, 400, "max_tokens", "context_length_exceeded"),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "max_tokens": 300},
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
     ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", None),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
     ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n", None),
@@ -45,18 +51,54 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [600]}, 400, "stop_token_ids", None),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"600": 1}}, 400, "logit_bias", None),
     # every token banned until min_tokens: nothing could be sampled (it failed inside the step)
-    ("/v1/completions", {"prompt": "hi", "min_tokens": 2, "stop_token_ids": list(range(512))}, 400, "stop_token_ids", None),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "min_tokens": 2, "stop_token_ids": list(range(512))},
+        400,
+        "stop_token_ids",
+        None,
+    ),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "model_not_found"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", None),
     ("/v1/chat/completions", {"max_tokens": 3}, 400, "messages", None),
-    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages", None),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages", None),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "robot", "content": "hi"}]},
+        400,
+        "messages",
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages",
+        None,
+    ),
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs", None),
-    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 30}, 400, "top_logprobs", None),
-    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 1000}, 400, "max_completion_tokens", "context_length_exceeded"),
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "logprobs": True, "top_logprobs": 30},
+        400,
+        "top_logprobs",
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_completion_tokens": 1000},
+        400,
+        "max_completion_tokens",
+        "context_length_exceeded",
+    ),
     ("/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, "model", "model_not_found"),
-    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools", None),
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "tools": [{"type": "function"}]},
+        400,
+        "tools",
+        None,
+    ),
     ("/tokenize", {}, 400, "prompt", None),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens", None),
     ("/v1/no-such-route", {}, 404, None, None),
@@ -79,7 +121,9 @@ def assert_error(response: httpx.Response, status: int, param, code) -> None:
     assert error["code"] == code, error
 
 
-@pytest.mark.parametrize("endpoint, body, status, param, code", BAD_REQUESTS, ids=range(len(BAD_REQUESTS)))
+@pytest.mark.parametrize(
+    "endpoint, body, status, param, code", BAD_REQUESTS, ids=range(len(BAD_REQUESTS))
+)
 def test_bad_request_gets_openai_error(server, endpoint, body, status, param, code):
     with httpx.Client(base_url=server.base_url) as http:
         assert_error(post(http, endpoint, body), status, param, code)
@@ -98,10 +142,21 @@ def test_openai_client_raises_typed_errors(server):
 
 def test_bad_requests_do_not_disturb_a_stream_in_flight(server, offline):
     prompt = "once upon a time"
-    body = {"prompt": prompt, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
-    (expected,) = offline.generate([prompt], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), use_tqdm=False)
+    body = {
+        "prompt": prompt,
+        "max_tokens": 200,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    (expected,) = offline.generate(
+        [prompt], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), use_tqdm=False
+    )
     text, finish = "", None
-    with httpx.Client(base_url=server.base_url, timeout=60) as http, http.stream("POST", "/v1/completions", json=body) as stream:
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as http,
+        http.stream("POST", "/v1/completions", json=body) as stream,
+    ):
         lines = stream.iter_lines()
         # The engine is held in the stream's 2nd step while the bad requests are answered, so the
         # stream is in flight for every one of them however fast the machine is.
@@ -121,5 +176,7 @@ def test_bad_requests_do_not_disturb_a_stream_in_flight(server, offline):
             finish = choice["finish_reason"] or finish
     assert text == expected.outputs[0].text and finish == "length"
     server.wait_idle()
-    good = server.client().completions.create(model="tiny-llama", prompt=prompt, max_tokens=5, temperature=0)
+    good = server.client().completions.create(
+        model="tiny-llama", prompt=prompt, max_tokens=5, temperature=0
+    )
     assert good.choices[0].text == expected.outputs[0].text[: len(good.choices[0].text)]

@@ -49,44 +49,100 @@ ANY_STATUS = frozenset({200, 400, 404, 503})
 NAN, INF = float("nan"), float("inf")
 # Drawn now and then for an integer or number field, where its bounds allow them.
 EDGE_INTEGERS = (
-    0, 1, -1, 2**31 - 1, 2**31, -(2**31) - 1, 2**53, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30,
+    0,
+    1,
+    -1,
+    2**31 - 1,
+    2**31,
+    -(2**31) - 1,
+    2**53,
+    2**63 - 1,
+    2**63,
+    -(2**63) - 1,
+    2**64,
+    10**30,
 )
 EDGE_FLOATS = (0.0, -0.0, 5e-324, 1e-300, 0.5, 1e308, -1e308, 1.7976931348623157e308)
 EDGE_NUMBERS = (
-    0, -1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30,
-    1e308, -1e308, 1e-300, NAN, INF, -INF,
+    0,
+    -1,
+    2**31 - 1,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**30,
+    1e308,
+    -1e308,
+    1e-300,
+    NAN,
+    INF,
+    -INF,
 )
 # Values that killed the engine (issue 14): each must be a 400 naming its field.
 KNOWN_KILLERS = (
-    ("top_k", 2**31), ("top_k", 2**63), ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", 10**30),
+    ("top_k", 2**31),
+    ("top_k", 2**63),
+    ("seed", 2**64),
+    ("seed", -(2**63) - 1),
+    ("seed", 10**30),
 )
 JSON_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
 WORDS = ("user", "assistant", "system", "developer", "text", "hi", MODEL_NAME)
 ODD_TEXT = (
-    "\u0000", "😀👩‍👩‍👧🏳️‍🌈", "\u202eRTL override\u202c", "שלום עולם", "مرحبا",
-    "e\u0301\u0301\u0301", "\ufeff", "\uffff", "\U0010ffff", "a\r\nb\tc", "</s><s>",
+    "\u0000",
+    "😀👩‍👩‍👧🏳️‍🌈",
+    "\u202eRTL override\u202c",
+    "שלום עולם",
+    "مرحبا",
+    "e\u0301\u0301\u0301",
+    "\ufeff",
+    "\uffff",
+    "\U0010ffff",
+    "a\r\nb\tc",
+    "</s><s>",
     "{{ bos_token }}{% raw %}",
 )
 # Raw bytes inside a JSON string: escaped lone surrogates, a pair, and invalid UTF-8.
 ODD_STRING_BYTES = (b"\\ud800", b"\\udfff", b"\\ud83d\\ude00", b"\xed\xa0\x80", b"\xff", b"\xc3")
 PLACEHOLDER = "\u2063placeholder\u2063"
 CONTENT_TYPES = (
-    None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-    "application/json; charset=latin-1", "application/octet-stream", "application/xml",
+    None,
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+    "application/octet-stream",
+    "application/xml",
 )
 # Malformed JSON, and JSON parsers disagree on (a BOM, duplicate keys, huge numbers).
 BROKEN_JSON = (
-    b"", b" ", b"{", b"}", b"{'prompt': 'hi'}", b'{"prompt": "hi",}', b'{"prompt": "hi"} x',
-    b'{"prompt": "hi" // c\n}', b'\xef\xbb\xbf{"prompt": "hi"}', b'{"prompt": "hi", "prompt": 5}',
-    b'{"prompt": "hi", "max_tokens": 01}', b'{"prompt": "hi", "max_tokens": +1}',
-    b'{"prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}", b"prompt=hi&max_tokens=2", b"\x00",
+    b"",
+    b" ",
+    b"{",
+    b"}",
+    b"{'prompt': 'hi'}",
+    b'{"prompt": "hi",}',
+    b'{"prompt": "hi"} x',
+    b'{"prompt": "hi" // c\n}',
+    b'\xef\xbb\xbf{"prompt": "hi"}',
+    b'{"prompt": "hi", "prompt": 5}',
+    b'{"prompt": "hi", "max_tokens": 01}',
+    b'{"prompt": "hi", "max_tokens": +1}',
+    b'{"prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}",
+    b"prompt=hi&max_tokens=2",
+    b"\x00",
 )
 DEPTHS = (64, 201, 1000, 100_000)
 MAX_OPTIONAL_FIELDS = 4
 
 # Reproducible runs; no explain phase, as each rerun of a killing example restarts a server.
 FUZZ_SETTINGS = dict(
-    deadline=None, derandomize=True, database=None, print_blob=False,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=False,
     phases=[Phase.explicit, Phase.generate, Phase.shrink],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
 )
@@ -164,7 +220,8 @@ class SchemaStrategies:
             low = -limit if low is None else max(low, -limit)
             high = limit if high is None else min(high, limit)
         edges = [
-            edge for edge in (low, high, *EDGE_INTEGERS)
+            edge
+            for edge in (low, high, *EDGE_INTEGERS)
             if edge is not None and (low is None or edge >= low) and (high is None or edge <= high)
         ]
         return with_edges(st.integers(low, high), edges)
@@ -173,8 +230,10 @@ class SchemaStrategies:
         floats = st.floats(
             schema.get("minimum", schema.get("exclusiveMinimum")),
             schema.get("maximum", schema.get("exclusiveMaximum")),
-            exclude_min="exclusiveMinimum" in schema, exclude_max="exclusiveMaximum" in schema,
-            allow_nan=False, allow_infinity=False,
+            exclude_min="exclusiveMinimum" in schema,
+            exclude_max="exclusiveMaximum" in schema,
+            allow_nan=False,
+            allow_infinity=False,
         )
         floats = with_edges(floats, [edge for edge in EDGE_FLOATS if within_bounds(edge, schema)])
         low, high = integer_bounds(schema)
@@ -257,7 +316,10 @@ def json_type(value: Any) -> str:
 
 KEYS = st.text(max_size=6)
 SCALARS = (
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=8)
     | st.floats(allow_nan=False, allow_infinity=False)
 )
 ANY_JSON = st.recursive(
@@ -497,12 +559,23 @@ def published_bounds(route: str, field: str) -> list[Any]:
     schema = REQUEST_MODELS[route].model_json_schema()
     strategies = SchemaStrategies(schema.get("$defs", {}))
     values = []
-    for option in [strategies.resolve(o) for o in schema["properties"][field].get("anyOf", [schema["properties"][field]])]:
-        for numeric in (option, strategies.resolve(option.get("items", {})), strategies.resolve(option.get("additionalProperties", {}) or {})):
+    for option in [
+        strategies.resolve(o)
+        for o in schema["properties"][field].get("anyOf", [schema["properties"][field]])
+    ]:
+        for numeric in (
+            option,
+            strategies.resolve(option.get("items", {})),
+            strategies.resolve(option.get("additionalProperties", {}) or {}),
+        ):
             for key in BOUND_KEYS:
                 if key in numeric:
                     bound = numeric[key]
-                    values += [bound, bound - 1, bound + 1] if numeric.get("type") == "integer" else [bound]
+                    values += (
+                        [bound, bound - 1, bound + 1]
+                        if numeric.get("type") == "integer"
+                        else [bound]
+                    )
     return values
 
 
@@ -582,7 +655,10 @@ def assert_all_fine(live: LiveServer, probes: SearchStrategy[Probe]) -> None:
 @pytest.mark.parametrize("route", ROUTES)
 def test_bodies_from_the_published_schema(live, route):
     strategies, schema = live.schema_strategies(route)
-    assert_all_fine(live, generated_bodies(strategies, schema, route).map(lambda body: Probe(route, encode(body))))
+    assert_all_fine(
+        live,
+        generated_bodies(strategies, schema, route).map(lambda body: Probe(route, encode(body))),
+    )
 
 
 def mutated_requests(strategies: SchemaStrategies, schema: Schema, route: str) -> SearchStrategy:

@@ -14,7 +14,12 @@ from octavo import SamplingParams
 
 from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
 
-PROMPTS = ["once upon a time", "the dog ran to the park", "lily saw a big red ball", "tom and his mom went home"]
+PROMPTS = [
+    "once upon a time",
+    "the dog ran to the park",
+    "lily saw a big red ball",
+    "tom and his mom went home",
+]
 
 
 def wait_for(predicate, timeout: float = 20.0) -> None:
@@ -25,10 +30,17 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
 
 
 def test_64_concurrent_streams_complete_with_offline_text(server, offline):
-    expected = {o.prompt: o.outputs[0].text for o in offline.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)}
+    expected = {
+        o.prompt: o.outputs[0].text
+        for o in offline.generate(
+            PROMPTS, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False
+        )
+    }
 
     async def one(client, prompt: str) -> str:
-        stream = await client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+        stream = await client.completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=8, temperature=0, stream=True
+        )
         return "".join([chunk.choices[0].text async for chunk in stream])
 
     async def main() -> list[str]:
@@ -47,11 +59,19 @@ def test_50_clients_disconnecting_mid_stream_free_every_block(server):
     request and per command (<= 150) of the 240 each request would need."""
     before = server.metrics()
     max_tokens = 240
-    body = {"prompt": "once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}
+    body = {
+        "prompt": "once upon a time",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+    }
 
     def hold(_: int) -> bool:
         requests = requests_in_engine(server.engine)
-        return not pending_commands(server.async_engine) and all(r.num_output_tokens > 0 for r in requests)
+        return not pending_commands(server.async_engine) and all(
+            r.num_output_tokens > 0 for r in requests
+        )
 
     async def leave_after_first_chunk(http: httpx.AsyncClient) -> None:
         async with http.stream("POST", "/v1/completions", json=body) as response:
@@ -65,12 +85,21 @@ def test_50_clients_disconnecting_mid_stream_free_every_block(server):
 
     with EngineGate(server.engine, hold=hold) as gate:
         asyncio.run(main())
-        wait_for(lambda: serving_context(server).num_admitted == 0)  # every stream closed: every abort sent
+        wait_for(
+            lambda: serving_context(server).num_admitted == 0
+        )  # every stream closed: every abort sent
     server.wait_idle()
     wait_for(lambda: server.metrics()["octavo_kv_cache_usage_ratio"] == 0.0)
     after = server.metrics()
-    assert after['octavo_requests_total{status="aborted"}'] - before['octavo_requests_total{status="aborted"}'] == 50
-    assert after['octavo_requests_total{status="finished"}'] == before['octavo_requests_total{status="finished"}']
+    assert (
+        after['octavo_requests_total{status="aborted"}']
+        - before['octavo_requests_total{status="aborted"}']
+        == 50
+    )
+    assert (
+        after['octavo_requests_total{status="finished"}']
+        == before['octavo_requests_total{status="finished"}']
+    )
     assert after["octavo_num_requests_running"] == 0 and after["octavo_num_requests_waiting"] == 0
     assert gate.num_forwards < max_tokens, "the engine ran fewer steps than one request needs"
 
@@ -81,7 +110,12 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(server):
     not depend on how fast the machine generates."""
     before = server.metrics()
     max_tokens, passes = 240, 3
-    body = {"prompt": "once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+    body = {
+        "prompt": "once upon a time",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
 
     async def give_up() -> None:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
@@ -96,25 +130,45 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(server):
 
     with EngineGate(server.engine, passes=passes) as gate:
         asyncio.run(give_up())
-        assert server.engine.has_unfinished_requests(), "a held engine cannot have finished the request"
-        wait_for(lambda: serving_context(server).num_admitted == 0)  # the server gave up too: its abort is sent
+        assert server.engine.has_unfinished_requests(), (
+            "a held engine cannot have finished the request"
+        )
+        wait_for(
+            lambda: serving_context(server).num_admitted == 0
+        )  # the server gave up too: its abort is sent
     server.wait_idle()
-    wait_for(lambda: server.metrics()['octavo_requests_total{status="aborted"}'] == before['octavo_requests_total{status="aborted"}'] + 1)
+    wait_for(
+        lambda: (
+            server.metrics()['octavo_requests_total{status="aborted"}']
+            == before['octavo_requests_total{status="aborted"}'] + 1
+        )
+    )
     after = server.metrics()
-    assert after['octavo_requests_total{status="finished"}'] == before['octavo_requests_total{status="finished"}']
+    assert (
+        after['octavo_requests_total{status="finished"}']
+        == before['octavo_requests_total{status="finished"}']
+    )
     # the abort landed at the first step boundary after the client left: at most the held step's token more
-    assert after["octavo_tokens_generated_total"] - before["octavo_tokens_generated_total"] <= passes + 1 < max_tokens
+    assert (
+        after["octavo_tokens_generated_total"] - before["octavo_tokens_generated_total"]
+        <= passes + 1
+        < max_tokens
+    )
 
 
 def test_cache_salt_separates_tenants_in_the_prefix_cache(server):
     rng = random.Random(5)
-    prompt = [1] + [rng.randrange(3, 512) for _ in range(39)]  # 40 tokens: two full blocks of 16 cacheable
+    prompt = [1] + [
+        rng.randrange(3, 512) for _ in range(39)
+    ]  # 40 tokens: two full blocks of 16 cacheable
     hits_key = "octavo_prefix_cache_hits_total"
 
     def run(salt):
         extra = {} if salt is None else {"cache_salt": salt}
         before = server.metrics()[hits_key]
-        server.client().completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_body=extra)
+        server.client().completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0, extra_body=extra
+        )
         server.wait_idle()
         return server.metrics()[hits_key] - before
 
@@ -130,12 +184,20 @@ def test_metrics_agree_with_the_requests_sent(server):
     before = server.metrics()
     client = server.client()
     usages = [
-        client.completions.create(model="tiny-llama", prompt=PROMPTS[:2], max_tokens=5, temperature=0).usage,
-        client.completions.create(model="tiny-llama", prompt=PROMPTS[2], max_tokens=4, n=2, temperature=0.8, seed=3).usage,
+        client.completions.create(
+            model="tiny-llama", prompt=PROMPTS[:2], max_tokens=5, temperature=0
+        ).usage,
+        client.completions.create(
+            model="tiny-llama", prompt=PROMPTS[2], max_tokens=4, n=2, temperature=0.8, seed=3
+        ).usage,
     ]
     stream = client.chat.completions.create(
-        model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3, temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=3,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     usages.append([c for c in stream][-1].usage)
     with httpx.Client(base_url=server.base_url) as http:
@@ -155,13 +217,21 @@ def test_metrics_agree_with_the_requests_sent(server):
     assert delta('octavo_requests_total{status="finished"}') == 4  # one per prompt
     assert delta('octavo_requests_total{status="invalid"}') == 3
     assert delta('octavo_requests_total{status="rejected"}') == 0
-    assert delta("octavo_tokens_generated_total") == sum(u.completion_tokens for u in usages) == 10 + 8 + 3
+    assert (
+        delta("octavo_tokens_generated_total")
+        == sum(u.completion_tokens for u in usages)
+        == 10 + 8 + 3
+    )
     assert delta("octavo_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
     assert delta("octavo_time_to_first_token_seconds_count") == 4
     assert delta("octavo_request_latency_seconds_count") == 4
     assert delta("octavo_inter_token_latency_seconds_count") == 4
     assert after["octavo_num_requests_running"] == 0 and after["octavo_kv_cache_usage_ratio"] == 0.0
-    for name in ("octavo_num_requests_preempted_total", "octavo_prefix_cache_queries_total", "octavo_num_requests_waiting"):
+    for name in (
+        "octavo_num_requests_preempted_total",
+        "octavo_prefix_cache_queries_total",
+        "octavo_num_requests_waiting",
+    ):
         assert name in after
 
 

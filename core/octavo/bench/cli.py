@@ -24,7 +24,11 @@ def add_bench_parser(commands) -> argparse.ArgumentParser:
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     for name, add_args, help_text in (
         ("throughput", add_throughput_args, "offline, in-process throughput of LLM.generate"),
-        ("serve", add_serve_bench_args, "streaming load against an OpenAI-compatible server (octavo, vLLM, ...)"),
+        (
+            "serve",
+            add_serve_bench_args,
+            "streaming load against an OpenAI-compatible server (octavo, vLLM, ...)",
+        ),
         ("latency", add_latency_args, "one batch end to end, with per-step timing"),
         ("startup", add_startup_args, "seconds from starting octavo serve to /health/ready"),
     ):

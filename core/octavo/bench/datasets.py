@@ -39,7 +39,11 @@ def _random_ids(rng: np.random.Generator, count: int, vocab_size: int) -> np.nda
 
 
 def random_requests(
-    num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int, seed: int = 0
+    num_requests: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
+    seed: int = 0,
 ) -> list[BenchRequest]:
     """``num_requests`` random prompts, lengths uniform in ``input_len``, outputs in ``output_len``."""
     _check_range("--input-len", *input_len)
@@ -53,7 +57,12 @@ def random_requests(
 
 
 def prefix_requests(
-    num_requests: int, prefix_len: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int, seed: int = 0
+    num_requests: int,
+    prefix_len: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
+    seed: int = 0,
 ) -> list[BenchRequest]:
     """Random requests whose prompts all begin with the same ``prefix_len`` random tokens."""
     if prefix_len < 1:
@@ -65,8 +74,12 @@ def prefix_requests(
 
 
 def sharegpt_requests(
-    path: Path, encode: Callable[[str], list[int]], num_requests: int, seed: int = 0,
-    output_len: Optional[int] = None, max_len: Optional[int] = None,
+    path: Path,
+    encode: Callable[[str], list[int]],
+    num_requests: int,
+    seed: int = 0,
+    output_len: Optional[int] = None,
+    max_len: Optional[int] = None,
 ) -> list[BenchRequest]:
     """Requests from a ShareGPT JSON file: the first human turn as prompt, the reply's length as output.
 
@@ -78,7 +91,9 @@ def sharegpt_requests(
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read the ShareGPT file {path}: {exc}") from exc
     if not isinstance(entries, list):
-        raise ValueError(f"{path} is not a ShareGPT file: expected a JSON list of {{'conversations': [...]}}")
+        raise ValueError(
+            f"{path} is not a ShareGPT file: expected a JSON list of {{'conversations': [...]}}"
+        )
     order = np.random.default_rng(seed).permutation(len(entries))
     requests: list[BenchRequest] = []
     for index in order:
@@ -93,7 +108,9 @@ def sharegpt_requests(
         if len(requests) == num_requests:
             return requests
     if not requests:
-        raise ValueError(f"{path} holds no usable conversation (each needs a human turn and a reply of >= 4 tokens)")
+        raise ValueError(
+            f"{path} holds no usable conversation (each needs a human turn and a reply of >= 4 tokens)"
+        )
     return requests
 
 
@@ -102,27 +119,73 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     group = parser.add_argument_group("dataset")
     group.add_argument("--dataset", choices=DATASETS, default="random")
     group.add_argument("--num-prompts", type=int, default=100, help="number of requests")
-    group.add_argument("--input-len", type=int, nargs=2, default=(128, 128), metavar=("MIN", "MAX"),
-                       help="random/prefix: prompt length range (for prefix, the part after the shared prefix)")
-    group.add_argument("--output-len", type=int, nargs=2, default=(128, 128), metavar=("MIN", "MAX"),
-                       help="random/prefix: output length range")
-    group.add_argument("--prefix-len", type=int, default=256, help="prefix: length of the shared prefix")
-    group.add_argument("--dataset-path", type=Path, default=None, help="sharegpt: the ShareGPT JSON file")
-    group.add_argument("--sharegpt-output-len", type=int, default=None, help="sharegpt: fixed output length instead of the reply's")
+    group.add_argument(
+        "--input-len",
+        type=int,
+        nargs=2,
+        default=(128, 128),
+        metavar=("MIN", "MAX"),
+        help="random/prefix: prompt length range (for prefix, the part after the shared prefix)",
+    )
+    group.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        default=(128, 128),
+        metavar=("MIN", "MAX"),
+        help="random/prefix: output length range",
+    )
+    group.add_argument(
+        "--prefix-len", type=int, default=256, help="prefix: length of the shared prefix"
+    )
+    group.add_argument(
+        "--dataset-path", type=Path, default=None, help="sharegpt: the ShareGPT JSON file"
+    )
+    group.add_argument(
+        "--sharegpt-output-len",
+        type=int,
+        default=None,
+        help="sharegpt: fixed output length instead of the reply's",
+    )
     group.add_argument("--dataset-seed", type=int, default=0)
     return parser
 
 
-def load_requests(args: argparse.Namespace, vocab_size: int, encode: Optional[Callable[[str], list[int]]] = None,
-                  max_len: Optional[int] = None) -> list[BenchRequest]:
+def load_requests(
+    args: argparse.Namespace,
+    vocab_size: int,
+    encode: Optional[Callable[[str], list[int]]] = None,
+    max_len: Optional[int] = None,
+) -> list[BenchRequest]:
     """The requests ``args`` describe (see add_dataset_args)."""
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1; got {args.num_prompts}")
     if args.dataset == "random":
-        return random_requests(args.num_prompts, tuple(args.input_len), tuple(args.output_len), vocab_size, args.dataset_seed)
+        return random_requests(
+            args.num_prompts,
+            tuple(args.input_len),
+            tuple(args.output_len),
+            vocab_size,
+            args.dataset_seed,
+        )
     if args.dataset == "prefix":
-        return prefix_requests(args.num_prompts, args.prefix_len, tuple(args.input_len), tuple(args.output_len),
-                               vocab_size, args.dataset_seed)
+        return prefix_requests(
+            args.num_prompts,
+            args.prefix_len,
+            tuple(args.input_len),
+            tuple(args.output_len),
+            vocab_size,
+            args.dataset_seed,
+        )
     if args.dataset_path is None or encode is None:
-        raise ValueError("--dataset sharegpt needs --dataset-path FILE.json and a tokenizer (--tokenizer or the model's)")
-    return sharegpt_requests(args.dataset_path, encode, args.num_prompts, args.dataset_seed, args.sharegpt_output_len, max_len)
+        raise ValueError(
+            "--dataset sharegpt needs --dataset-path FILE.json and a tokenizer (--tokenizer or the model's)"
+        )
+    return sharegpt_requests(
+        args.dataset_path,
+        encode,
+        args.num_prompts,
+        args.dataset_seed,
+        args.sharegpt_output_len,
+        max_len,
+    )

@@ -33,8 +33,15 @@ def run_batch(engine, requests, step_times: list[float]) -> float:
     from octavo.sampling_params import RequestOutputKind, SamplingParams
 
     for r in requests:
-        params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
-        engine.add_request(engine.next_request_id(), {"prompt_token_ids": list(r.prompt_token_ids)}, params)
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=r.output_len,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        engine.add_request(
+            engine.next_request_id(), {"prompt_token_ids": list(r.prompt_token_ids)}, params
+        )
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         step_start = time.perf_counter()
@@ -49,7 +56,13 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--batch-size, --input-len, --output-len and --num-iters must all be >= 1")
     llm = make_llm(args)
     engine = llm.engine
-    requests = random_requests(args.batch_size, (args.input_len,) * 2, (args.output_len,) * 2, engine.model_config.vocab_size, args.seed)
+    requests = random_requests(
+        args.batch_size,
+        (args.input_len,) * 2,
+        (args.output_len,) * 2,
+        engine.model_config.vocab_size,
+        args.seed,
+    )
     for _ in range(args.num_iters_warmup):
         run_batch(engine, requests, [])
     latencies, first_steps, later_steps = [], [], []
@@ -59,11 +72,29 @@ def main(args: argparse.Namespace) -> int:
         first_steps.append(steps[0])
         later_steps.extend(steps[1:])
     result: dict[str, Any] = {
-        "benchmark": "latency", "model": args.model, "batch_size": args.batch_size, "input_len": args.input_len,
-        "output_len": args.output_len, "num_iters": args.num_iters, "avg_latency_s": float(np.mean(latencies)),
-        **summarize("latency", latencies), **summarize("first_step", first_steps), **summarize("step", later_steps),
+        "benchmark": "latency",
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "num_iters": args.num_iters,
+        "avg_latency_s": float(np.mean(latencies)),
+        **summarize("latency", latencies),
+        **summarize("first_step", first_steps),
+        **summarize("step", later_steps),
         "steps_per_batch": (len(later_steps) + len(first_steps)) / args.num_iters,
     }
-    print_table([result], ["batch_size", "input_len", "output_len", "avg_latency_s", "first_step_p50_ms", "step_p50_ms", "step_p99_ms"])
+    print_table(
+        [result],
+        [
+            "batch_size",
+            "input_len",
+            "output_len",
+            "avg_latency_s",
+            "first_step_p50_ms",
+            "step_p50_ms",
+            "step_p99_ms",
+        ],
+    )
     write_json(args.output_json, result)
     return 0

@@ -15,7 +15,10 @@ def summarize(name: str, values_s: Iterable[float]) -> dict[str, float]:
     """Mean and p50/p95/p99 of ``values_s`` (seconds) as ``{name}_mean_ms``, ``{name}_p50_ms``, ..."""
     values = np.asarray(list(values_s), dtype=np.float64) * 1000.0
     if values.size == 0:
-        return {f"{name}_mean_ms": float("nan"), **{f"{name}_p{p}_ms": float("nan") for p in PERCENTILES}}
+        return {
+            f"{name}_mean_ms": float("nan"),
+            **{f"{name}_p{p}_ms": float("nan") for p in PERCENTILES},
+        }
     figures = {f"{name}_mean_ms": float(values.mean())}
     figures.update({f"{name}_p{p}_ms": float(np.percentile(values, p)) for p in PERCENTILES})
     return figures
@@ -47,9 +50,13 @@ def plot_serve(runs: Sequence[dict[str, Any]], path: Path) -> list[Path]:
     concurrency = [r["max_concurrency"] for r in runs]
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(concurrency, [r["output_throughput"] for r in runs], marker="o", label="output tokens/s")
+    ax.plot(
+        concurrency, [r["output_throughput"] for r in runs], marker="o", label="output tokens/s"
+    )
     ax.plot(concurrency, [r["request_throughput"] for r in runs], marker="s", label="requests/s")
-    ax.set(xlabel="concurrency", ylabel="throughput", title="Throughput vs concurrency", xscale="log")
+    ax.set(
+        xlabel="concurrency", ylabel="throughput", title="Throughput vs concurrency", xscale="log"
+    )
     ax.legend()
     written.append(path.with_name(path.stem + "_throughput.png"))
     fig.savefig(written[-1], dpi=100, bbox_inches="tight")
@@ -57,7 +64,9 @@ def plot_serve(runs: Sequence[dict[str, Any]], path: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in PERCENTILES:
         ax.plot(concurrency, [r[f"ttft_p{p}_ms"] for r in runs], marker="o", label=f"TTFT p{p}")
-    ax.set(xlabel="concurrency", ylabel="ms", title="Time to first token vs concurrency", xscale="log")
+    ax.set(
+        xlabel="concurrency", ylabel="ms", title="Time to first token vs concurrency", xscale="log"
+    )
     ax.legend()
     written.append(path.with_name(path.stem + "_ttft.png"))
     fig.savefig(written[-1], dpi=100, bbox_inches="tight")

@@ -49,20 +49,44 @@ class RequestResult:
 
 def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Target, load shape, dataset and output flags of ``octavo bench serve``."""
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)")
-    parser.add_argument("--model", default=None, help="model name to request (default: the first of /v1/models)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer folder for sharegpt and the vocabulary size")
-    parser.add_argument("--vocab-size", type=int, default=None, help="random/prefix token ids are drawn below this")
-    parser.add_argument("--max-concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated concurrency sweep")
-    parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (default: all at once)")
-    parser.add_argument("--duration", type=float, default=None, help="stop sending new requests after this many seconds")
+    parser.add_argument(
+        "--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)"
+    )
+    parser.add_argument(
+        "--model", default=None, help="model name to request (default: the first of /v1/models)"
+    )
+    parser.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder for sharegpt and the vocabulary size"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=None, help="random/prefix token ids are drawn below this"
+    )
+    parser.add_argument(
+        "--max-concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated concurrency sweep"
+    )
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="Poisson arrivals per second (default: all at once)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop sending new requests after this many seconds",
+    )
     parser.add_argument("--num-warmups", type=int, default=1)
     parser.add_argument("--request-timeout", type=float, default=600.0)
-    parser.add_argument("--server-pid", type=int, default=None, help="sample this process's peak resident memory")
+    parser.add_argument(
+        "--server-pid", type=int, default=None, help="sample this process's peak resident memory"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--output-json", type=Path, default=None)
-    parser.add_argument("--plot", type=Path, default=None, help="write PLOT_throughput.png and PLOT_ttft.png")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="write PLOT_throughput.png and PLOT_ttft.png"
+    )
     parser.add_argument("--disable-tqdm", action="store_true")
     add_dataset_args(parser)
     return parser
@@ -74,15 +98,24 @@ def _parse_sweep(text: str) -> list[int]:
     except ValueError:
         levels = []
     if not levels or min(levels) < 1:
-        raise ValueError(f"--max-concurrency must be comma-separated integers >= 1, e.g. {DEFAULT_CONCURRENCY}; got {text!r}")
+        raise ValueError(
+            f"--max-concurrency must be comma-separated integers >= 1, e.g. {DEFAULT_CONCURRENCY}; got {text!r}"
+        )
     return levels
 
 
 async def send_request(client, model: str, request: BenchRequest) -> RequestResult:
     """Stream one completion on an httpx AsyncClient; record the arrival of every chunk carrying a token."""
     httpx = import_httpx()
-    body = {"model": model, "prompt": list(request.prompt_token_ids), "max_tokens": request.output_len,
-            "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": list(request.prompt_token_ids),
+        "max_tokens": request.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     result = RequestResult(prompt_len=len(request.prompt_token_ids))
     start = last = time.perf_counter()
     chunks = 0
@@ -98,7 +131,9 @@ async def send_request(client, model: str, request: BenchRequest) -> RequestResu
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
                 choice = (chunk.get("choices") or [{}])[0]
-                if not chunk.get("choices") or (not choice.get("text") and choice.get("finish_reason")):
+                if not chunk.get("choices") or (
+                    not choice.get("text") and choice.get("finish_reason")
+                ):
                     continue
                 if chunks == 0:
                     result.ttft = now - start
@@ -121,19 +156,27 @@ async def _sample_peak_rss(pid: int, peak: list[int], stop: asyncio.Event) -> No
     process = psutil.Process(pid)
     while not stop.is_set():
         try:
-            rss = process.memory_info().rss + sum(c.memory_info().rss for c in process.children(recursive=True))
+            rss = process.memory_info().rss + sum(
+                c.memory_info().rss for c in process.children(recursive=True)
+            )
         except psutil.Error:
             return
         peak[0] = max(peak[0], rss)
         await asyncio.sleep(0.05)
 
 
-async def run_level(client, model: str, requests: Sequence[BenchRequest], concurrency: int, args, progress) -> dict[str, Any]:
+async def run_level(
+    client, model: str, requests: Sequence[BenchRequest], concurrency: int, args, progress
+) -> dict[str, Any]:
     """Send ``requests`` with at most ``concurrency`` in flight; the figures of this level."""
     slots = asyncio.Semaphore(concurrency)
     rng = np.random.default_rng(args.seed)
     peak, stop = [0], asyncio.Event()
-    sampler = asyncio.create_task(_sample_peak_rss(args.server_pid, peak, stop)) if args.server_pid else None
+    sampler = (
+        asyncio.create_task(_sample_peak_rss(args.server_pid, peak, stop))
+        if args.server_pid
+        else None
+    )
 
     async def one(request: BenchRequest) -> RequestResult:
         try:
@@ -160,20 +203,29 @@ async def run_level(client, model: str, requests: Sequence[BenchRequest], concur
     return level_figures(results, elapsed, concurrency, peak[0] or None)
 
 
-def level_figures(results: Sequence[RequestResult], elapsed: float, concurrency: int, peak_rss: Optional[int]) -> dict[str, Any]:
+def level_figures(
+    results: Sequence[RequestResult], elapsed: float, concurrency: int, peak_rss: Optional[int]
+) -> dict[str, Any]:
     """Throughput and latency percentiles of one level's finished requests."""
     done = [r for r in results if r.error is None]
     output_tokens = sum(r.output_tokens for r in done)
     prompt_tokens = sum(r.prompt_len for r in done)
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     figures: dict[str, Any] = {
-        "max_concurrency": concurrency, "completed": len(done), "failed": len(results) - len(done),
-        "errors": sorted({r.error for r in results if r.error})[:5], "duration_s": elapsed,
-        "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-        "request_throughput": len(done) / elapsed, "output_throughput": output_tokens / elapsed,
+        "max_concurrency": concurrency,
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+        "duration_s": elapsed,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "request_throughput": len(done) / elapsed,
+        "output_throughput": output_tokens / elapsed,
         "total_token_throughput": (prompt_tokens + output_tokens) / elapsed,
-        **summarize("ttft", [r.ttft for r in done]), **summarize("tpot", tpot),
-        **summarize("itl", [gap for r in done for gap in r.itl]), **summarize("e2el", [r.latency for r in done]),
+        **summarize("ttft", [r.ttft for r in done]),
+        **summarize("tpot", tpot),
+        **summarize("itl", [gap for r in done for gap in r.itl]),
+        **summarize("e2el", [r.latency for r in done]),
     }
     if peak_rss:
         figures["server_peak_rss_mib"] = peak_rss / 2**20
@@ -181,7 +233,9 @@ def level_figures(results: Sequence[RequestResult], elapsed: float, concurrency:
 
 
 def _workload(args: argparse.Namespace) -> list[BenchRequest]:
-    tokenizer_path = args.tokenizer or (args.model if args.model and Path(args.model).is_dir() else None)
+    tokenizer_path = args.tokenizer or (
+        args.model if args.model and Path(args.model).is_dir() else None
+    )
     tokenizer = None
     if tokenizer_path:
         from transformers import AutoTokenizer
@@ -189,8 +243,12 @@ def _workload(args: argparse.Namespace) -> list[BenchRequest]:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     vocab_size = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
     if vocab_size is None and args.dataset != "sharegpt":
-        raise ValueError("give --vocab-size N or --tokenizer FOLDER so random token ids stay inside the model's vocabulary")
-    return load_requests(args, vocab_size or 0, encode=tokenizer.encode if tokenizer is not None else None)
+        raise ValueError(
+            "give --vocab-size N or --tokenizer FOLDER so random token ids stay inside the model's vocabulary"
+        )
+    return load_requests(
+        args, vocab_size or 0, encode=tokenizer.encode if tokenizer is not None else None
+    )
 
 
 async def _model_name(client) -> str:
@@ -199,14 +257,22 @@ async def _model_name(client) -> str:
     return response.json()["data"][0]["id"]
 
 
-async def run_sweep(args: argparse.Namespace, requests: Sequence[BenchRequest]) -> list[dict[str, Any]]:
+async def run_sweep(
+    args: argparse.Namespace, requests: Sequence[BenchRequest]
+) -> list[dict[str, Any]]:
     """Every concurrency of the sweep, one after another, on one HTTP client."""
     httpx = import_httpx()
     levels = _parse_sweep(args.max_concurrency)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(args.request_timeout)) as client:
+    limits = httpx.Limits(
+        max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4
+    )
+    async with httpx.AsyncClient(
+        base_url=args.base_url,
+        headers=headers,
+        limits=limits,
+        timeout=httpx.Timeout(args.request_timeout),
+    ) as client:
         model = args.model or await _model_name(client)
         for request in requests[: args.num_warmups]:
             warm = await send_request(client, model, request)
@@ -214,7 +280,9 @@ async def run_sweep(args: argparse.Namespace, requests: Sequence[BenchRequest]) 
                 raise ValueError(f"the warm-up request to {args.base_url} failed: {warm.error}")
         runs = []
         for concurrency in levels:
-            with tqdm(total=len(requests), desc=f"concurrency {concurrency}", disable=args.disable_tqdm) as progress:
+            with tqdm(
+                total=len(requests), desc=f"concurrency {concurrency}", disable=args.disable_tqdm
+            ) as progress:
                 runs.append(await run_level(client, model, requests, concurrency, args, progress))
     return runs
 
@@ -223,10 +291,30 @@ def main(args: argparse.Namespace) -> int:
     """Build the workload, run the sweep, print the table, write JSON and plots when asked."""
     requests = _workload(args)
     runs = asyncio.run(run_sweep(args, requests))
-    print_table(runs, ["max_concurrency", "completed", "failed", "request_throughput", "output_throughput",
-                       "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "tpot_p50_ms", "e2el_p99_ms"])
-    result = {"benchmark": "serve", "base_url": args.base_url, "dataset": args.dataset, "num_prompts": len(requests),
-              "request_rate": None if math.isinf(args.request_rate) else args.request_rate, "runs": runs}
+    print_table(
+        runs,
+        [
+            "max_concurrency",
+            "completed",
+            "failed",
+            "request_throughput",
+            "output_throughput",
+            "ttft_p50_ms",
+            "ttft_p95_ms",
+            "itl_p50_ms",
+            "itl_p95_ms",
+            "tpot_p50_ms",
+            "e2el_p99_ms",
+        ],
+    )
+    result = {
+        "benchmark": "serve",
+        "base_url": args.base_url,
+        "dataset": args.dataset,
+        "num_prompts": len(requests),
+        "request_rate": None if math.isinf(args.request_rate) else args.request_rate,
+        "runs": runs,
+    }
     write_json(args.output_json, result)
     if args.plot:
         for path in plot_serve(runs, args.plot):

@@ -19,11 +19,20 @@ from octavo.bench.report import print_table, write_json
 
 def add_startup_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags as one ``--serve-args`` string."""
-    parser.add_argument("model", nargs="?", default=None, help="model folder for octavo serve (default: the demo model)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="model folder for octavo serve (default: the demo model)",
+    )
     parser.add_argument("--num-iters", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=300.0, help="give up on a start after this many seconds")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="give up on a start after this many seconds"
+    )
     parser.add_argument("--output-json", type=Path, default=None)
-    parser.add_argument("--serve-args", default="", help="extra octavo serve flags, e.g. '--kv-cache-memory 1GiB'")
+    parser.add_argument(
+        "--serve-args", default="", help="extra octavo serve flags, e.g. '--kv-cache-memory 1GiB'"
+    )
     return parser
 
 
@@ -34,7 +43,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: Optional[str], serve_args: Sequence[str] = (), timeout: float = 300.0) -> tuple[subprocess.Popen, str, float]:
+def start_server(
+    model: Optional[str], serve_args: Sequence[str] = (), timeout: float = 300.0
+) -> tuple[subprocess.Popen, str, float]:
     """Start ``octavo serve`` on a free port; return (process, base URL, seconds until /health/ready was 200).
 
     The caller owns the process and must terminate it. Raises ValueError when it exits or times out.
@@ -43,17 +54,32 @@ def start_server(model: Optional[str], serve_args: Sequence[str] = (), timeout: 
 
     httpx = import_httpx()
     port = free_port()
-    command = [sys.executable, "-m", "octavo.cli", "serve", *([model] if model else []), "--port", str(port),
-               "--disable-log-requests", "--uvicorn-log-level", "warning", *serve_args]
+    command = [
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "serve",
+        *([model] if model else []),
+        "--port",
+        str(port),
+        "--disable-log-requests",
+        "--uvicorn-log-level",
+        "warning",
+        *serve_args,
+    ]
     base_url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server must never block on a full pipe
+    log = (
+        tempfile.TemporaryFile()
+    )  # a file, not a pipe: a chatty server must never block on a full pipe
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     while True:
         if process.poll() is not None:
             log.seek(0)
-            raise ValueError(f"octavo serve exited with {process.returncode} before it was ready (check MODEL and "
-                             f"--serve-args): {log.read().decode(errors='replace')[-2000:]}")
+            raise ValueError(
+                f"octavo serve exited with {process.returncode} before it was ready (check MODEL and "
+                f"--serve-args): {log.read().decode(errors='replace')[-2000:]}"
+            )
         if time.perf_counter() - start > timeout:
             stop_server(process)
             raise ValueError(f"octavo serve was not ready after {timeout} s; raise --timeout")
@@ -88,9 +114,17 @@ def main(args: argparse.Namespace) -> int:
         rss.append(psutil.Process(process.pid).memory_info().rss / 2**20)
         stop_server(process)
         times.append(seconds)
-    result = {"benchmark": "startup", "model": args.model or "demo", "num_iters": args.num_iters, "startup_s": times,
-              "startup_mean_s": float(np.mean(times)), "startup_min_s": float(np.min(times)),
-              "ready_rss_mib": float(np.max(rss))}
-    print_table([result], ["model", "num_iters", "startup_mean_s", "startup_min_s", "ready_rss_mib"])
+    result = {
+        "benchmark": "startup",
+        "model": args.model or "demo",
+        "num_iters": args.num_iters,
+        "startup_s": times,
+        "startup_mean_s": float(np.mean(times)),
+        "startup_min_s": float(np.min(times)),
+        "ready_rss_mib": float(np.max(rss)),
+    }
+    print_table(
+        [result], ["model", "num_iters", "startup_mean_s", "startup_min_s", "ready_rss_mib"]
+    )
     write_json(args.output_json, result)
     return 0

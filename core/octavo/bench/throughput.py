@@ -32,20 +32,32 @@ def make_llm(args: argparse.Namespace):
     return LLM(**{f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)})
 
 
-def run_throughput(llm, requests: Sequence[BenchRequest], use_tqdm: bool = False, keep_token_ids: bool = False) -> dict[str, Any]:
+def run_throughput(
+    llm, requests: Sequence[BenchRequest], use_tqdm: bool = False, keep_token_ids: bool = False
+) -> dict[str, Any]:
     """Generate every request greedily with EOS ignored; the throughput figures of that one run
     (plus each request's output ``token_ids`` when ``keep_token_ids``)."""
     from octavo import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests
+    ]
     start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests], params, use_tqdm=use_tqdm)
+    outputs = llm.generate(
+        [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests],
+        params,
+        use_tqdm=use_tqdm,
+    )
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
-        "num_requests": len(requests), "elapsed_s": elapsed, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-        "request_throughput": len(requests) / elapsed, "output_throughput": output_tokens / elapsed,
+        "num_requests": len(requests),
+        "elapsed_s": elapsed,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "request_throughput": len(requests) / elapsed,
+        "output_throughput": output_tokens / elapsed,
         "total_token_throughput": (prompt_tokens + output_tokens) / elapsed,
     }
     if keep_token_ids:
@@ -60,10 +72,28 @@ def main(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - start
     engine = llm.engine
     tokenizer = llm.get_tokenizer()
-    requests = load_requests(args, engine.model_config.vocab_size, encode=tokenizer.encode,
-                             max_len=engine.model_config.max_model_len)
-    result = {"benchmark": "throughput", "model": args.model, "dataset": args.dataset, "load_s": load_s,
-              **run_throughput(llm, requests, use_tqdm=not args.disable_tqdm)}
-    print_table([result], ["num_requests", "elapsed_s", "request_throughput", "output_throughput", "total_token_throughput"])
+    requests = load_requests(
+        args,
+        engine.model_config.vocab_size,
+        encode=tokenizer.encode,
+        max_len=engine.model_config.max_model_len,
+    )
+    result = {
+        "benchmark": "throughput",
+        "model": args.model,
+        "dataset": args.dataset,
+        "load_s": load_s,
+        **run_throughput(llm, requests, use_tqdm=not args.disable_tqdm),
+    }
+    print_table(
+        [result],
+        [
+            "num_requests",
+            "elapsed_s",
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+        ],
+    )
     write_json(args.output_json, result)
     return 0

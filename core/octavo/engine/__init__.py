@@ -2,7 +2,12 @@
 
 from octavo.engine.detokenizer import IncrementalDetokenizer, TokenizerAdapter
 from octavo.engine.logprobs import StepLogprobs
-from octavo.engine.output_processor import ChildRequest, EngineCoreOutput, OutputProcessor, ProcessedOutputs
+from octavo.engine.output_processor import (
+    ChildRequest,
+    EngineCoreOutput,
+    OutputProcessor,
+    ProcessedOutputs,
+)
 from octavo.engine.stop_checker import FinishReason, StopChecker
 
 __all__ = [

@@ -100,7 +100,12 @@ class AsyncEngine:
     @property
     def is_alive(self) -> bool:
         """True while the engine thread runs and has not failed."""
-        return self._thread is not None and self._thread.is_alive() and self._error is None and not self._stopped
+        return (
+            self._thread is not None
+            and self._thread.is_alive()
+            and self._error is None
+            and not self._stopped
+        )
 
     @property
     def dead_reason(self) -> str:
@@ -168,7 +173,9 @@ class AsyncEngine:
         finally:
             with self._submit_lock:
                 self._stopped = True
-            self._fail_all(EngineDeadError(self.dead_reason if self._error else "the engine was shut down"))
+            self._fail_all(
+                EngineDeadError(self.dead_reason if self._error else "the engine was shut down")
+            )
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one if ``block``); False once asked to stop."""
@@ -182,7 +189,9 @@ class AsyncEngine:
             if isinstance(command, _AddCommand):
                 self._add(command)
             else:
-                self._deliver(self.engine.abort_request(command.request_ids), aborted=command.request_ids)
+                self._deliver(
+                    self.engine.abort_request(command.request_ids), aborted=command.request_ids
+                )
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
@@ -192,8 +201,12 @@ class AsyncEngine:
         try:
             text, token_ids = self.engine.tokenize(command.prompt)
             self.engine.add_request(
-                command.request_id, {"prompt": text, "prompt_token_ids": token_ids}, command.params,
-                priority=command.priority, cache_salt=command.cache_salt, arrival_time=command.arrival_time,
+                command.request_id,
+                {"prompt": text, "prompt_token_ids": token_ids},
+                command.params,
+                priority=command.priority,
+                cache_salt=command.cache_salt,
+                arrival_time=command.arrival_time,
             )
         except Exception as exc:  # noqa: BLE001 - a refused request must not end the loop
             self._send([(command.stream.outputs, exc)])
@@ -219,7 +232,12 @@ class AsyncEngine:
                 elif stream.record_metrics:
                     self.metrics.on_request_finished(output)
             failed = output.finished and output.error is not None
-            items.append((stream.outputs, RequestError({output.request_id: output.error}) if failed else output))
+            items.append(
+                (
+                    stream.outputs,
+                    RequestError({output.request_id: output.error}) if failed else output,
+                )
+            )
         for request_id in aborted or ():
             self._streams.pop(request_id, None)  # aborted before it produced anything
         self._send(items)

@@ -5,7 +5,11 @@ copies to perform first, and the requests that finished."""
 from __future__ import annotations
 
 from octavo.kv_cache.manager import KVCacheManager
-from octavo.model_executor.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from octavo.model_executor.scheduler_output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
 from octavo.request import Request
 
 
@@ -17,7 +21,9 @@ class BatchDeltaBuilder:
         self._num_sent_blocks: dict[str, int] = {}
         self._resumed: set[str] = set()
         self._finished: set[str] = set()
-        self._forgotten: set[str] = set()  # dropped by the workers after a failed step, not sent since
+        self._forgotten: set[str] = (
+            set()
+        )  # dropped by the workers after a failed step, not sent since
 
     def preempted(self, request_id: str) -> None:
         """The request lost (or swapped out) its blocks: its table restarts when it resumes."""
@@ -37,13 +43,17 @@ class BatchDeltaBuilder:
         self._num_sent_blocks.clear()
         self._resumed.clear()
 
-    def build(self, scheduled: list[Request], num_scheduled_tokens: dict[str, int]) -> SchedulerOutput:
+    def build(
+        self, scheduled: list[Request], num_scheduled_tokens: dict[str, int]
+    ) -> SchedulerOutput:
         """The step's SchedulerOutput; call before advancing ``num_computed_tokens``."""
         kv = self.kv_cache_manager
         pending = kv.take_pending_copies()
         rewritten: dict[str, int] = {}
         for update in pending.block_table_updates:
-            rewritten[update.request_id] = min(update.block_index, rewritten.get(update.request_id, update.block_index))
+            rewritten[update.request_id] = min(
+                update.block_index, rewritten.get(update.request_id, update.block_index)
+            )
         new_reqs, cached_reqs = [], []
         for request in scheduled:
             request_id = request.request_id
@@ -54,8 +64,12 @@ class BatchDeltaBuilder:
                 self._forgotten.discard(request_id)
                 new_reqs.append(
                     NewRequestData(
-                        request_id, request.prompt_token_ids, request.sampling_params, kv.get_block_ids(request_id),
-                        request.num_computed_tokens, list(request.output_token_ids),
+                        request_id,
+                        request.prompt_token_ids,
+                        request.sampling_params,
+                        kv.get_block_ids(request_id),
+                        request.num_computed_tokens,
+                        list(request.output_token_ids),
                     )
                 )
                 continue
@@ -65,7 +79,8 @@ class BatchDeltaBuilder:
                 self._resumed.discard(request_id)
             cached_reqs.append(
                 CachedRequestData(
-                    request_id, kv.get_block_ids(request_id, start) if start < num_blocks else [],
+                    request_id,
+                    kv.get_block_ids(request_id, start) if start < num_blocks else [],
                     request.num_computed_tokens,
                     resumed_from_preemption=resumed,
                     block_table_start=start if (resumed or start != num_sent) else None,

@@ -67,7 +67,9 @@ class _LibraryStream:
 
     __slots__ = ("_tokenizer", "_stream")
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, context_ids: Sequence[int], skip_special_tokens: bool) -> None:
+    def __init__(
+        self, tokenizer: tokenizers.Tokenizer, context_ids: Sequence[int], skip_special_tokens: bool
+    ) -> None:
         self._tokenizer = tokenizer
         self._stream = DecodeStream(list(context_ids), skip_special_tokens=skip_special_tokens)
 
@@ -99,8 +101,8 @@ class PrefixOffsetStream:
             return None
         if not text.startswith(self._prefix_text):
             raise ValueError("decoded text does not extend its prefix")
-        new_text = text[len(self._prefix_text):]
-        self._ids = self._ids[self._num_prefix_ids:]
+        new_text = text[len(self._prefix_text) :]
+        self._ids = self._ids[self._num_prefix_ids :]
         self._num_prefix_ids = len(self._ids)
         self._prefix_text = self._decode(self._ids, self._skip)
         return new_text
@@ -120,7 +122,9 @@ class IncrementalDetokenizer:
 
     __slots__ = ("_adapter", "_skip", "_skipped_ids", "_stream", "_context_ids", "_pending_ids")
 
-    def __init__(self, adapter: TokenizerAdapter, prompt_token_ids: Sequence[int], skip_special_tokens: bool) -> None:
+    def __init__(
+        self, adapter: TokenizerAdapter, prompt_token_ids: Sequence[int], skip_special_tokens: bool
+    ) -> None:
         self._adapter = adapter
         self._skip = skip_special_tokens
         self._skipped_ids = adapter.special_ids if skip_special_tokens else frozenset()
@@ -162,5 +166,5 @@ class IncrementalDetokenizer:
         full = self._adapter.decode(context + pending, self._skip)
         prefix = self._adapter.decode(context, self._skip) if context else ""
         if full.startswith(prefix):
-            return full[len(prefix):]
+            return full[len(prefix) :]
         return self._adapter.decode(pending, self._skip)

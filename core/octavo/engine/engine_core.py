@@ -52,7 +52,10 @@ class EngineCore:
         )
         max_model_len = self.model_config.max_model_len
         self.scheduler_config = self.args.scheduler_config(max_model_len)
-        if not self.scheduler_config.enable_chunked_prefill and self.args.max_num_batched_tokens < max_model_len:
+        if (
+            not self.scheduler_config.enable_chunked_prefill
+            and self.args.max_num_batched_tokens < max_model_len
+        ):
             raise ValueError(
                 f"with chunked prefill off, max_num_batched_tokens ({self.args.max_num_batched_tokens}) must be "
                 f">= max_model_len ({max_model_len}) so any prompt fits one step; raise it or lower --max-model-len"
@@ -97,7 +100,12 @@ class EngineCore:
             dtype=mc.dtype,
             max_model_len=mc.max_model_len,
         )
-        logger.info("KV cache: %d blocks of %d tokens (%d host blocks)", sizing.num_gpu_blocks, sizing.block_size, sizing.num_host_blocks)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d host blocks)",
+            sizing.num_gpu_blocks,
+            sizing.block_size,
+            sizing.num_host_blocks,
+        )
         return sizing
 
     # --- requests -----------------------------------------------------------------------------
@@ -116,12 +124,20 @@ class EngineCore:
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab_size}) for this model")
         params = params.for_vocabulary(vocab_size, self.model_config.eos_token_ids)
-        return Request(request_id, prompt_token_ids, params, block_hasher=self.kv_cache_manager.block_hasher, **kwargs)
+        return Request(
+            request_id,
+            prompt_token_ids,
+            params,
+            block_hasher=self.kv_cache_manager.block_hasher,
+            **kwargs,
+        )
 
     def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:
         self.scheduler.add_request(request, fork_group)
 
-    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+    def finish_requests(
+        self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> None:
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
@@ -132,7 +148,10 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, execute and update once; return each request's new tokens."""
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.total_num_scheduled_tokens == 0 and not scheduler_output.finished_req_ids:
+        if (
+            scheduler_output.total_num_scheduled_tokens == 0
+            and not scheduler_output.finished_req_ids
+        ):
             return []
         try:
             runner_output = self.runner.execute_model(scheduler_output)
@@ -147,15 +166,22 @@ class EngineCore:
         failed = [r for r in error.request_ids if r in self.scheduler.requests]
         if not failed:
             raise error  # blames no request of this engine: restarting would fail the same way
-        logger.warning("a step failed for request(s) %s; the others restart", failed, exc_info=error)
+        logger.warning(
+            "a step failed for request(s) %s; the others restart", failed, exc_info=error
+        )
         self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         self.scheduler.restart_after_failed_step()
-        return [EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=error.messages[r]) for r in failed]
+        return [
+            EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=error.messages[r])
+            for r in failed
+        ]
 
     def _update(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         sampled: dict[str, list[int]] = {}
         outputs = []
-        for req_id, token_ids, logprobs in zip(runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs):
+        for req_id, token_ids, logprobs in zip(
+            runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs
+        ):
             if token_ids:
                 sampled[req_id] = token_ids
                 outputs.append(EngineCoreOutput(req_id, token_ids, _step_logprobs(logprobs)))

@@ -28,10 +28,18 @@ class LLMEngine:
         self.args = self.core.args
         self.model_config = self.core.model_config
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
-        eos = self.model_config.eos_token_ids[0] if self.model_config.eos_token_ids else self.tokenizer.eos_token_id
-        self.output_processor = OutputProcessor(self.tokenizer, eos, self.model_config.max_model_len)
+        eos = (
+            self.model_config.eos_token_ids[0]
+            if self.model_config.eos_token_ids
+            else self.tokenizer.eos_token_id
+        )
+        self.output_processor = OutputProcessor(
+            self.tokenizer, eos, self.model_config.max_model_len
+        )
         self.sampling_defaults = load_sampling_defaults(
-            self.args.generation_config, self.model_config.generation_config, self.args.override_generation_config
+            self.args.generation_config,
+            self.model_config.generation_config,
+            self.args.override_generation_config,
         )
         if self.sampling_defaults:
             logger.info(
@@ -58,7 +66,9 @@ class LLMEngine:
                 prompt = prompt.get("prompt")
         if isinstance(prompt, str):
             text, token_ids = prompt, (self.tokenizer.encode(prompt) if prompt else [])
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
             token_ids = list(prompt)
         else:
             raise ValueError(
@@ -82,13 +92,19 @@ class LLMEngine:
         """Validate and queue one user request (its ``n`` samples fork one prompt)."""
         text, token_ids = self.tokenize(prompt)
         requests = []
-        children = self.output_processor.add_request(request_id, token_ids, params, prompt=text, arrival_time=arrival_time)
+        children = self.output_processor.add_request(
+            request_id, token_ids, params, prompt=text, arrival_time=arrival_time
+        )
         try:
             for child in children:
                 requests.append(
                     self.core.make_request(
-                        child.request_id, token_ids, child.sampling_params,
-                        priority=priority, cache_salt=cache_salt, arrival_time=arrival_time,
+                        child.request_id,
+                        token_ids,
+                        child.sampling_params,
+                        priority=priority,
+                        cache_salt=cache_salt,
+                        arrival_time=arrival_time,
                     )
                 )
         except ValueError:

@@ -34,7 +34,10 @@ class StepLogprobs:
 
 
 def build_logprob_dicts(
-    step: StepLogprobs, num_top: int, adapter: Optional[TokenizerAdapter], num_rows: Optional[int] = None
+    step: StepLogprobs,
+    num_top: int,
+    adapter: Optional[TokenizerAdapter],
+    num_rows: Optional[int] = None,
 ) -> tuple[list[dict[int, Logprob]], list[float]]:
     """Per-position ``{token_id: Logprob}`` (chosen token first, then the top ``num_top``) and the
     chosen tokens' logprobs, for the first ``num_rows`` rows (all by default).
@@ -51,13 +54,17 @@ def build_logprob_dicts(
         position = {row_ids[0]: Logprob(row_logprobs[0], rank, row_text[0])}
         for top_rank in range(1, len(row_ids)):
             if row_ids[top_rank] not in position:
-                position[row_ids[top_rank]] = Logprob(row_logprobs[top_rank], top_rank, row_text[top_rank])
+                position[row_ids[top_rank]] = Logprob(
+                    row_logprobs[top_rank], top_rank, row_text[top_rank]
+                )
         dicts.append(position)
     chosen = [row[0] for row in logprob_rows]
     return dicts, chosen
 
 
-def _decode_rows(token_rows: list[list[int]], adapter: Optional[TokenizerAdapter]) -> list[list[Optional[str]]]:
+def _decode_rows(
+    token_rows: list[list[int]], adapter: Optional[TokenizerAdapter]
+) -> list[list[Optional[str]]]:
     if adapter is None:
         return [[None] * len(row) for row in token_rows]
     flat = adapter.decode_each([token_id for row in token_rows for token_id in row])

@@ -68,7 +68,14 @@ class ProcessedOutputs:
 class ParentRequest:
     """A user request: its samples, its prompt (and prompt logprobs) and its metrics."""
 
-    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams, arrival_time: float) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt: Optional[str],
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
@@ -76,7 +83,9 @@ class ParentRequest:
         self.output_kind = params.output_kind
         self.children: list[RequestState] = []
         self.num_unfinished = 0  # kept by the OutputProcessor as samples finish
-        self.prompt_logprobs: Optional[PromptLogprobs] = [None] if params.prompt_logprobs is not None else None
+        self.prompt_logprobs: Optional[PromptLogprobs] = (
+            [None] if params.prompt_logprobs is not None else None
+        )
         self._num_sent_prompt_logprobs = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: Optional[str] = None  # why the engine failed a sample, if it did
@@ -128,7 +137,12 @@ class OutputProcessor:
     ``max_model_len`` caps prompt + output ("length").
     """
 
-    def __init__(self, tokenizer: Any, eos_token_id: Optional[int] = None, max_model_len: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_token_id: Optional[int] = None,
+        max_model_len: Optional[int] = None,
+    ) -> None:
         self._adapter = TokenizerAdapter(tokenizer) if tokenizer is not None else None
         self._eos_token_id = eos_token_id
         self._max_model_len = max_model_len
@@ -155,18 +169,36 @@ class OutputProcessor:
     ) -> list[ChildRequest]:
         """Register a user request; return the engine requests (its ``n`` samples) to schedule."""
         if request_id in self._parents:
-            raise ValueError(f"request_id {request_id!r} is already running; request ids must be unique")
+            raise ValueError(
+                f"request_id {request_id!r} is already running; request ids must be unique"
+            )
         if params.stop and self._adapter is None:
-            raise ValueError("stop strings need a tokenizer; this engine runs without one (use stop_token_ids)")
+            raise ValueError(
+                "stop strings need a tokenizer; this engine runs without one (use stop_token_ids)"
+            )
         prompt_token_ids = list(prompt_token_ids)
         max_output_tokens = self._max_output_tokens(len(prompt_token_ids), params)
         eos = eos_token_id if eos_token_id is not None else self._eos_token_id
-        parent = ParentRequest(request_id, prompt, prompt_token_ids, params, time.time() if arrival_time is None else arrival_time)
+        parent = ParentRequest(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            time.time() if arrival_time is None else arrival_time,
+        )
         children = _child_requests(request_id, params)
         delta = params.output_kind == RequestOutputKind.DELTA
         for child in children:
             checker = StopChecker(child.sampling_params, eos, max_output_tokens)
-            state = RequestState(child.request_id, child.index, params, self._adapter, prompt_token_ids, checker, delta)
+            state = RequestState(
+                child.request_id,
+                child.index,
+                params,
+                self._adapter,
+                prompt_token_ids,
+                checker,
+                delta,
+            )
             parent.children.append(state)
             parent.num_unfinished += 1
             self._states[child.request_id] = state
@@ -222,8 +254,12 @@ class OutputProcessor:
         return aborted
 
     def _process_one(
-        self, core_output: EngineCoreOutput, state: RequestState, parent: ParentRequest,
-        processed: ProcessedOutputs, now: float,
+        self,
+        core_output: EngineCoreOutput,
+        state: RequestState,
+        parent: ParentRequest,
+        processed: ProcessedOutputs,
+        now: float,
     ) -> None:
         """Apply one engine request's step: its tokens, logprobs, finish and metrics."""
         if core_output.error is not None:

@@ -74,7 +74,10 @@ class SiblingForks:
         for group_id in list(self._group_of_leader.values()):
             group = self._groups[group_id]
             leader = group.leader
-            if leader.status != RequestStatus.RUNNING or leader.num_computed_tokens != leader.num_prompt_tokens - 1:
+            if (
+                leader.status != RequestStatus.RUNNING
+                or leader.num_computed_tokens != leader.num_prompt_tokens - 1
+            ):
                 continue
             num_forked = max(0, min(room, len(group.held)))
             for child in group.held[:num_forked]:

@@ -35,11 +35,15 @@ class RequestState:
         self.num_top_logprobs = params.logprobs
         self.adapter = adapter
         self.detokenizer = (
-            IncrementalDetokenizer(adapter, prompt_token_ids, params.skip_special_tokens) if adapter is not None else None
+            IncrementalDetokenizer(adapter, prompt_token_ids, params.skip_special_tokens)
+            if adapter is not None
+            else None
         )
         self.stop_checker = stop_checker
         self.token_ids: list[int] = []
-        self.logprobs: Optional[list[dict[int, Logprob]]] = [] if params.logprobs is not None else None
+        self.logprobs: Optional[list[dict[int, Logprob]]] = (
+            [] if params.logprobs is not None else None
+        )
         self.cumulative_logprob: Optional[float] = 0.0 if params.logprobs is not None else None
         self.finish_reason: Optional[FinishReason] = None
         self.stop_reason: StopReason = None
@@ -55,7 +59,9 @@ class RequestState:
         """True once a finish reason is set."""
         return self.finish_reason is not None
 
-    def append_tokens(self, new_token_ids: Sequence[int], new_logprobs: Optional[StepLogprobs]) -> int:
+    def append_tokens(
+        self, new_token_ids: Sequence[int], new_logprobs: Optional[StepLogprobs]
+    ) -> int:
         """Take one step's new tokens, stopping at the first that ends the output.
 
         Returns how many of them were kept (the rest, after a stop, are dropped).
@@ -68,8 +74,12 @@ class RequestState:
             if self.finished:
                 break
         if self.logprobs is not None and num_kept:
-            assert new_logprobs is not None, f"{self.request_id} asked for logprobs; the runner sent none"
-            dicts, chosen = build_logprob_dicts(new_logprobs, self.num_top_logprobs, self.adapter, num_kept)
+            assert new_logprobs is not None, (
+                f"{self.request_id} asked for logprobs; the runner sent none"
+            )
+            dicts, chosen = build_logprob_dicts(
+                new_logprobs, self.num_top_logprobs, self.adapter, num_kept
+            )
             self.logprobs.extend(dicts)
             self.cumulative_logprob += sum(chosen)
         return num_kept
@@ -125,9 +135,15 @@ class RequestState:
             self.fail()
             return
         self.finish_reason, self.stop_reason = reason, stop_reason
-        if self.detokenizer is not None and not (reason == FinishReason.STOP and isinstance(stop_reason, str)):
+        if self.detokenizer is not None and not (
+            reason == FinishReason.STOP and isinstance(stop_reason, str)
+        ):
             tail = self._held_text + self.detokenizer.flush()
-            self._commit(tail[len(self._held_text) :] if self.stop_checker.include_stop_str_in_output else tail)
+            self._commit(
+                tail[len(self._held_text) :]
+                if self.stop_checker.include_stop_str_in_output
+                else tail
+            )
         self._held_text = ""
 
     def fail(self) -> None:
@@ -143,7 +159,9 @@ class RequestState:
 
     def has_unsent(self) -> bool:
         """True when a delta output would carry anything new."""
-        return len(self.token_ids) > self._num_sent_tokens or (self.finished and not self._sent_finish)
+        return len(self.token_ids) > self._num_sent_tokens or (
+            self.finished and not self._sent_finish
+        )
 
     def completion_output(self) -> CompletionOutput:
         """This sample as a CompletionOutput: everything so far, or in delta mode only what is new."""

@@ -63,7 +63,9 @@ class Scheduler:
         """Queue a request. Requests added with the same ``fork_group`` (the n samples of one
         prompt) share the prompt's KV blocks: one computes it, the others fork from it."""
         if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use; use a unique id")
+            raise ValueError(
+                f"request id {request.request_id!r} is already in use; use a unique id"
+            )
         self.requests[request.request_id] = request
         if fork_group is None or self.forks.add(request, fork_group):
             self.waiting.add(request)
@@ -147,7 +149,10 @@ class Scheduler:
             plan.scheduled.remove(request)
         plan.num_preempted += 1
         self.stats.num_preempted_total += 1
-        if self.config.preemption_mode == "swap" and self.kv_cache_manager.swap_out(request) is not None:
+        if (
+            self.config.preemption_mode == "swap"
+            and self.kv_cache_manager.swap_out(request) is not None
+        ):
             request.status = RequestStatus.SWAPPED
             self.swapped.append(request)
             self.stats.num_swapped_out_total += 1
@@ -159,7 +164,9 @@ class Scheduler:
         self.deltas.preempted(request.request_id)
 
     def _schedule_swapped(self, plan: _StepPlan) -> None:
-        while self.swapped and len(self.running) < self.config.max_num_seqs and plan.token_budget > 0:
+        while (
+            self.swapped and len(self.running) < self.config.max_num_seqs and plan.token_budget > 0
+        ):
             request = self.swapped[0]
             if self.kv_cache_manager.swap_in(request) is None:
                 return
@@ -172,7 +179,11 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         kv = self.kv_cache_manager
-        while len(self.waiting) and plan.token_budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (
+            len(self.waiting)
+            and plan.token_budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
             request = self.waiting.peek()
             computed_blocks, num_cached = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_cached

@@ -47,7 +47,9 @@ class StopChecker:
         "_prefix_last_chars",
     )
 
-    def __init__(self, params: SamplingParams, eos_token_id: Optional[int], max_output_tokens: Optional[int]) -> None:
+    def __init__(
+        self, params: SamplingParams, eos_token_id: Optional[int], max_output_tokens: Optional[int]
+    ) -> None:
         self.eos_token_id = None if params.ignore_eos else eos_token_id
         self.stop_token_ids = frozenset(params.stop_token_ids)
         self.stop_strings: tuple[str, ...] = params.stop or ()
@@ -56,13 +58,17 @@ class StopChecker:
         self.include_stop_str_in_output = params.include_stop_str_in_output
         # Characters that can end a proper prefix of a stop string: text ending in anything else
         # holds nothing back (the common case, checked in O(1)).
-        self._prefix_last_chars = frozenset(stop[i] for stop in self.stop_strings for i in range(len(stop) - 1))
+        self._prefix_last_chars = frozenset(
+            stop[i] for stop in self.stop_strings for i in range(len(stop) - 1)
+        )
 
     def stops_enabled(self, num_output_tokens: int) -> bool:
         """True once the token just appended (the ``num_output_tokens``-th) may end the output."""
         return num_output_tokens > self.min_tokens
 
-    def check_token(self, token_id: int, num_output_tokens: int) -> Optional[tuple[FinishReason, StopReason]]:
+    def check_token(
+        self, token_id: int, num_output_tokens: int
+    ) -> Optional[tuple[FinishReason, StopReason]]:
         """(STOP, stop_reason) if ``token_id``, the ``num_output_tokens``-th output token, ends it."""
         if not self.stops_enabled(num_output_tokens):
             return None
@@ -87,7 +93,11 @@ class StopChecker:
             start = window.find(stop, max(0, new_start - len(stop) + 1))
             if start < 0:
                 continue
-            if best is None or start < best.start or (start == best.start and len(stop) > len(best.stop)):
+            if (
+                best is None
+                or start < best.start
+                or (start == best.start and len(stop) > len(best.stop))
+            ):
                 best = StopMatch(start, start + len(stop), stop)
         return best
 

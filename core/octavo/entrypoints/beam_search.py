@@ -40,7 +40,7 @@ class BeamSequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return list(self.tokens[self.num_prompt_tokens:])
+        return list(self.tokens[self.num_prompt_tokens :])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,9 @@ def beam_score(seq: BeamSequence, length_penalty: float) -> float:
     return seq.cum_logprob / (max(len(seq.tokens) - seq.num_prompt_tokens, 1) ** length_penalty)
 
 
-def beam_search_one(llm: "LLM", prompt_token_ids: list[int], params: BeamSearchParams) -> BeamSearchOutput:
+def beam_search_one(
+    llm: "LLM", prompt_token_ids: list[int], params: BeamSearchParams
+) -> BeamSearchOutput:
     """Keep the ``beam_width`` best continuations each step among the top ``2 * beam_width``
     tokens of every live beam; finished beams (EOS) are set aside and ranked at the end."""
     width = params.beam_width
@@ -64,11 +66,19 @@ def beam_search_one(llm: "LLM", prompt_token_ids: list[int], params: BeamSearchP
     beams = [BeamSequence(tuple(prompt_token_ids), 0.0, len(prompt_token_ids))]
     finished: list[BeamSequence] = []
     for _ in range(params.max_tokens):
-        outputs = llm.generate([{"prompt_token_ids": list(b.tokens)} for b in beams], step_params, use_tqdm=False)
+        outputs = llm.generate(
+            [{"prompt_token_ids": list(b.tokens)} for b in beams], step_params, use_tqdm=False
+        )
         candidates = []
         for beam, output in zip(beams, outputs):
             for token_id, logprob in output.outputs[0].logprobs[0].items():
-                candidates.append(BeamSequence(beam.tokens + (token_id,), beam.cum_logprob + logprob.logprob, beam.num_prompt_tokens))
+                candidates.append(
+                    BeamSequence(
+                        beam.tokens + (token_id,),
+                        beam.cum_logprob + logprob.logprob,
+                        beam.num_prompt_tokens,
+                    )
+                )
         candidates.sort(key=lambda seq: seq.cum_logprob, reverse=True)
         beams = []
         for seq in candidates:
@@ -80,6 +90,10 @@ def beam_search_one(llm: "LLM", prompt_token_ids: list[int], params: BeamSearchP
                 break
         if not beams:
             break
-    ranked = sorted(finished + beams, key=lambda seq: beam_score(seq, params.length_penalty), reverse=True)[:width]
+    ranked = sorted(
+        finished + beams, key=lambda seq: beam_score(seq, params.length_penalty), reverse=True
+    )[:width]
     tokenizer = llm.engine.tokenizer
-    return BeamSearchOutput([dataclasses.replace(seq, text=tokenizer.decode(seq.output_token_ids)) for seq in ranked])
+    return BeamSearchOutput(
+        [dataclasses.replace(seq, text=tokenizer.decode(seq.output_token_ids)) for seq in ranked]
+    )

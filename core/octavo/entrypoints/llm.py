@@ -39,12 +39,16 @@ class LLM:
         prompts = self._as_list(prompts)
         params_list = self._params_list(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
-            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts; give one per prompt")
+            raise ValueError(
+                f"priority has {len(priority)} entries for {len(prompts)} prompts; give one per prompt"
+            )
         request_ids = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             request_id = self.engine.next_request_id()
             params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-            self.engine.add_request(request_id, prompt, params, priority=0 if priority is None else priority[i])
+            self.engine.add_request(
+                request_id, prompt, params, priority=0 if priority is None else priority[i]
+            )
             request_ids.append(request_id)
         return self._run(request_ids, use_tqdm)
 
@@ -66,19 +70,30 @@ class LLM:
                 raise ValueError("messages is empty; give at least one message")
             try:
                 text = tokenizer.apply_chat_template(
-                    conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template, tokenize=False
+                    conversation,
+                    add_generation_prompt=add_generation_prompt,
+                    chat_template=chat_template,
+                    tokenize=False,
                 )
             except ValueError as exc:
                 raise ValueError(f"cannot render the chat template: {exc}") from exc
             # The template writes its own special tokens (BOS included), so add none here.
-            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+            prompts.append(
+                {
+                    "prompt": text,
+                    "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False),
+                }
+            )
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def beam_search(
         self, prompts: Union[PromptType, Sequence[PromptType]], params: BeamSearchParams
     ) -> list[BeamSearchOutput]:
         """The ``params.beam_width`` best continuations of each prompt (deterministic)."""
-        return [beam_search_one(self, self.engine.tokenize(p)[1], params) for p in self._as_list(prompts)]
+        return [
+            beam_search_one(self, self.engine.tokenize(p)[1], params)
+            for p in self._as_list(prompts)
+        ]
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -113,5 +128,7 @@ class LLM:
             return [sampling_params] * num_prompts
         params = list(sampling_params)
         if len(params) != num_prompts:
-            raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts; give one, or one per prompt")
+            raise ValueError(
+                f"got {len(params)} SamplingParams for {num_prompts} prompts; give one, or one per prompt"
+            )
         return params

@@ -3,7 +3,13 @@
 from octavo.kv_cache.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from octavo.kv_cache.hashing import BlockHash, BlockHasher
 from octavo.kv_cache.manager import KVCacheManager
-from octavo.kv_cache.sizing import KVCacheSizing, bytes_per_block, check_block_size, num_gpu_blocks, plan_kv_cache
+from octavo.kv_cache.sizing import (
+    KVCacheSizing,
+    bytes_per_block,
+    check_block_size,
+    num_gpu_blocks,
+    plan_kv_cache,
+)
 from octavo.kv_cache.stats import KVCacheStats
 from octavo.kv_cache.swap import HostBlockPool
 from octavo.kv_cache.transfers import (

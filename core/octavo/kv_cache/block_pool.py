@@ -130,7 +130,9 @@ class BlockPool:
     def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` blocks from the head of the free queue, evicting cached ones."""
         if num_blocks > self.free_queue.num_free_blocks:
-            raise ValueError(f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
+            raise ValueError(
+                f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free"
+            )
         new_blocks = self.free_queue.popleft_n(num_blocks)
         for block in new_blocks:
             if block.block_hash is not None:

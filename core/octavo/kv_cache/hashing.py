@@ -116,13 +116,17 @@ class BlockHasher:
         elif hash_algo == "fast":
             self._hash, self.root = _make_fast_hash()
         else:
-            raise ConfigError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}; got {hash_algo!r}")
+            raise ConfigError(
+                f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}; got {hash_algo!r}"
+            )
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1; got {block_size!r}")
         self.block_size = block_size
         self.hash_algo = hash_algo
 
-    def hash_block(self, parent: Optional[bytes], token_ids: list[int], extra_keys: bytes = b"") -> BlockHash:
+    def hash_block(
+        self, parent: Optional[bytes], token_ids: list[int], extra_keys: bytes = b""
+    ) -> BlockHash:
         """The hash of one full block given its parent's hash (None for the first block)."""
         assert len(token_ids) == self.block_size, "only full blocks are hashed"
         root = self.root if parent is None else parent
@@ -135,7 +139,9 @@ class BlockHasher:
         end = request.num_tokens // block_size
         if end <= start:
             return []
-        packed = memoryview(pack_token_ids(request.all_token_ids[start * block_size : end * block_size]))
+        packed = memoryview(
+            pack_token_ids(request.all_token_ids[start * block_size : end * block_size])
+        )
         lora = lora_key(request.lora_id)
         has_per_block_keys = bool(request.mm_hashes) or (start == 0 and bool(request.cache_salt))
         parent = hashes[-1] if start else self.root

@@ -147,7 +147,11 @@ class KVCacheManager:
         blocks = entry.blocks if entry is not None else []
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_used = num_computed + num_new_tokens
-        num_new_blocks = -(-(num_used + num_lookahead_tokens) // block_size) - len(blocks) - len(new_computed_blocks)
+        num_new_blocks = (
+            -(-(num_used + num_lookahead_tokens) // block_size)
+            - len(blocks)
+            - len(new_computed_blocks)
+        )
         cow_index = -1
         if num_computed % block_size and num_new_tokens:
             index = num_computed // block_size
@@ -163,7 +167,9 @@ class KVCacheManager:
         if entry is None:
             entry = self._tables[request.request_id] = _RequestBlocks(blocks)
         if new_computed_blocks:
-            assert len(blocks) * block_size == request.num_computed_tokens, "prefix hits must follow the table"
+            assert len(blocks) * block_size == request.num_computed_tokens, (
+                "prefix hits must follow the table"
+            )
             if entry.num_cached_blocks == len(blocks):
                 entry.num_cached_blocks += len(new_computed_blocks)
             pool.touch(new_computed_blocks)
@@ -186,7 +192,9 @@ class KVCacheManager:
         self._transfers.add(TransferKind.COPY, (src.block_id,), (dst.block_id,))
         self._table_updates.append(BlockTableUpdate(request_id, index, dst.block_id))
 
-    def _publish_full_blocks(self, request: Request, entry: _RequestBlocks, num_full_blocks: int) -> None:
+    def _publish_full_blocks(
+        self, request: Request, entry: _RequestBlocks, num_full_blocks: int
+    ) -> None:
         block_hashes = request.block_hashes
         end = min(num_full_blocks, len(block_hashes))
         if end <= entry.num_cached_blocks:
@@ -226,7 +234,9 @@ class KVCacheManager:
         if entry is None:
             raise ValueError(f"cannot fork request {parent.request_id!r}: it holds no KV blocks")
         if child.request_id in self._tables or child.request_id in self._swapped:
-            raise ValueError(f"cannot fork into request {child.request_id!r}: it already holds KV blocks")
+            raise ValueError(
+                f"cannot fork into request {child.request_id!r}: it already holds KV blocks"
+            )
         if child.num_computed_tokens != parent.num_computed_tokens:
             raise ValueError(
                 f"child {child.request_id!r} has num_computed_tokens={child.num_computed_tokens}, parent "
@@ -249,7 +259,9 @@ class KVCacheManager:
         """
         entry = self._tables.get(request.request_id)
         if entry is None:
-            raise ValueError(f"cannot swap out request {request.request_id!r}: it holds no KV blocks")
+            raise ValueError(
+                f"cannot swap out request {request.request_id!r}: it holds no KV blocks"
+            )
         num_blocks = -(-request.num_computed_tokens // self.block_size)
         assert num_blocks <= len(entry.blocks)
         host_block_ids = self.host_pool.allocate(num_blocks)
@@ -271,7 +283,9 @@ class KVCacheManager:
         """
         host_block_ids = self._swapped.get(request.request_id)
         if host_block_ids is None:
-            raise ValueError(f"cannot swap in request {request.request_id!r}: it is not swapped out")
+            raise ValueError(
+                f"cannot swap in request {request.request_id!r}: it is not swapped out"
+            )
         reused = self._cached_full_blocks(request, len(host_block_ids))
         num_fresh = sum(1 for block in reused if block is None)
         num_touched_free = sum(1 for block in reused if block is not None and block.ref_cnt == 0)
@@ -288,16 +302,24 @@ class KVCacheManager:
         self._transfers.add(TransferKind.SWAP_IN, [h for h, _ in mapping], [d for _, d in mapping])
         self.host_pool.free(host_block_ids)
         del self._swapped[request.request_id]
-        entry = self._tables[request.request_id] = _RequestBlocks(blocks, 0, request.num_computed_tokens)
+        entry = self._tables[request.request_id] = _RequestBlocks(
+            blocks, 0, request.num_computed_tokens
+        )
         if self.enable_caching:
-            self._publish_full_blocks(request, entry, request.num_computed_tokens // self.block_size)
+            self._publish_full_blocks(
+                request, entry, request.num_computed_tokens // self.block_size
+            )
         return mapping
 
-    def _cached_full_blocks(self, request: Request, num_blocks: int) -> list[Optional[KVCacheBlock]]:
+    def _cached_full_blocks(
+        self, request: Request, num_blocks: int
+    ) -> list[Optional[KVCacheBlock]]:
         reused: list[Optional[KVCacheBlock]] = [None] * num_blocks
         if self.enable_caching:
             lookup = self.block_pool.cached_blocks.get
-            num_full = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
+            num_full = min(
+                request.num_computed_tokens // self.block_size, len(request.block_hashes)
+            )
             for i in range(num_full):
                 reused[i] = lookup(request.block_hashes[i])
         return reused
@@ -335,7 +357,8 @@ class KVCacheManager:
         pool = self.block_pool
         num_allocated_slots = (pool.num_blocks - pool.num_free_blocks) * self.block_size
         wasted, max_request_waste = count_waste(
-            ((entry.blocks, entry.num_used_slots) for entry in self._tables.values()), self.block_size
+            ((entry.blocks, entry.num_used_slots) for entry in self._tables.values()),
+            self.block_size,
         )
         return KVCacheStats(
             num_blocks=pool.num_blocks,

@@ -22,7 +22,11 @@ def _gib(num_bytes: float) -> str:
 
 def check_block_size(block_size: int, platform_block_sizes: Optional[Sequence[int]] = None) -> int:
     """``block_size`` if the core and the platform both support it, else ConfigError listing which do."""
-    allowed = [b for b in SUPPORTED_BLOCK_SIZES if platform_block_sizes is None or b in platform_block_sizes]
+    allowed = [
+        b
+        for b in SUPPORTED_BLOCK_SIZES
+        if platform_block_sizes is None or b in platform_block_sizes
+    ]
     if block_size not in allowed:
         raise ConfigError(
             f"block_size {block_size} is not supported here; choose --block-size from {', '.join(map(str, allowed))}"
@@ -30,7 +34,9 @@ def check_block_size(block_size: int, platform_block_sizes: Optional[Sequence[in
     return block_size
 
 
-def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+def bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     """Bytes of one block across all layers: K and V, each ``block_size x kv_heads x head_dim``."""
     return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
@@ -58,7 +64,9 @@ def num_gpu_blocks(
     num_blocks = max(budget, 0) // block_bytes
     if max_model_len is None:
         if num_blocks < 1:
-            raise ConfigError(f"the KV cache budget ({_gib(max(budget, 0))}) holds no block of {_gib(block_bytes)}")
+            raise ConfigError(
+                f"the KV cache budget ({_gib(max(budget, 0))}) holds no block of {_gib(block_bytes)}"
+            )
         return num_blocks
     needed_blocks = -(-max_model_len // block_size)
     if num_blocks < needed_blocks:
@@ -119,4 +127,6 @@ def plan_kv_cache(
         block_size=block_size,
         max_model_len=max_model_len,
     )
-    return KVCacheSizing(block_size, block_bytes, num_blocks, num_host_blocks(cache_config.swap_space, block_bytes))
+    return KVCacheSizing(
+        block_size, block_bytes, num_blocks, num_host_blocks(cache_config.swap_space, block_bytes)
+    )

@@ -39,7 +39,9 @@ class KVCacheStats:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        )
 
     @property
     def fragmentation(self) -> int:
@@ -51,7 +53,9 @@ class KVCacheStats:
         return self.fragmentation / self.num_allocated_slots if self.num_allocated_slots else 0.0
 
 
-def count_waste(tables: Iterable[tuple[list["KVCacheBlock"], int]], block_size: int) -> tuple[int, int]:
+def count_waste(
+    tables: Iterable[tuple[list["KVCacheBlock"], int]], block_size: int
+) -> tuple[int, int]:
     """(empty slots in the referenced blocks, the largest waste of one table) for ``(block table,
     used slots)`` pairs. Only blocks at or past a table's first non-full one can hold empty slots;
     a block shared by several tables counts once."""

@@ -99,11 +99,18 @@ class TransferLog:
 
 
 def allocate_host_caches(
-    backend: AttentionBackend, num_layers: int, num_host_blocks: int, dtype: torch.dtype, pin_memory: bool = False
+    backend: AttentionBackend,
+    num_layers: int,
+    num_host_blocks: int,
+    dtype: torch.dtype,
+    pin_memory: bool = False,
 ) -> list[torch.Tensor]:
     """One host-memory cache per layer, in the backend's layout, for swapped-out blocks."""
     shape = backend.kv_cache_shape(num_host_blocks)
-    return [torch.zeros(shape, dtype=dtype, device="cpu", pin_memory=pin_memory) for _ in range(num_layers)]
+    return [
+        torch.zeros(shape, dtype=dtype, device="cpu", pin_memory=pin_memory)
+        for _ in range(num_layers)
+    ]
 
 
 def apply_block_transfers(
@@ -125,7 +132,9 @@ def apply_block_transfers(
                 backend.copy_blocks(cache, src, dst)
             continue
         if len(host_caches) != len(device_caches):
-            raise ValueError(f"swapping needs one host cache per layer: {len(host_caches)} for {len(device_caches)} layers")
+            raise ValueError(
+                f"swapping needs one host cache per layer: {len(host_caches)} for {len(device_caches)} layers"
+            )
         for device_cache, host_cache in zip(device_caches, host_caches):
             if transfer.kind is TransferKind.SWAP_OUT:
                 backend.swap_blocks(device_cache, host_cache, src, dst)

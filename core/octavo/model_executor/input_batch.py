@@ -36,8 +36,13 @@ class CachedRequestState:
         if new.sampling_params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(new.sampling_params.seed)
         return cls(
-            new.req_id, list(new.prompt_token_ids), list(new.output_token_ids), new.sampling_params,
-            list(new.block_ids), new.num_computed_tokens, generator,
+            new.req_id,
+            list(new.prompt_token_ids),
+            list(new.output_token_ids),
+            new.sampling_params,
+            list(new.block_ids),
+            new.num_computed_tokens,
+            generator,
         )
 
     @property
@@ -79,16 +84,27 @@ class InputBatch:
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)
         self.generators: dict[int, torch.Generator] = {}
         self._per_row = (
-            self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens, self.num_blocks,
-            self.temperature, self.top_k, self.top_p, self.min_p, self.num_logprobs,
+            self.num_tokens,
+            self.num_prompt_tokens,
+            self.num_computed_tokens,
+            self.num_blocks,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.num_logprobs,
         )
         # staging buffers for one step's sampling rows
         self._sampling_cpu = {
             name: (buffer, buffer.numpy())
             for name, buffer in (
                 (name, _host_buffer(max_num_reqs, dtype, pin))
-                for name, dtype in (("temperature", torch.float32), ("top_k", torch.int32),
-                                    ("top_p", torch.float32), ("min_p", torch.float32))
+                for name, dtype in (
+                    ("temperature", torch.float32),
+                    ("top_k", torch.int32),
+                    ("top_p", torch.float32),
+                    ("min_p", torch.float32),
+                )
             )
         }
 
@@ -104,7 +120,9 @@ class InputBatch:
         holes = [i for i, r in enumerate(self.req_ids) if r is None]
         row = holes[0] if holes else len(self.req_ids)
         if row == self.max_num_reqs:
-            raise RuntimeError(f"more than max_num_seqs={self.max_num_reqs} requests scheduled at once")
+            raise RuntimeError(
+                f"more than max_num_seqs={self.max_num_reqs} requests scheduled at once"
+            )
         if row == len(self.req_ids):
             self.req_ids.append(None)
         self.req_ids[row] = state.req_id
@@ -165,7 +183,9 @@ class InputBatch:
         start = int(self.num_tokens[row])
         end = start + len(token_ids)
         if end > self.max_model_len:
-            raise ValueError(f"request {self.req_ids[row]!r} would hold {end} tokens, over max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"request {self.req_ids[row]!r} would hold {end} tokens, over max_model_len={self.max_model_len}"
+            )
         self.token_ids[row, start:end] = token_ids
         self.num_tokens[row] = end
 
@@ -177,7 +197,9 @@ class InputBatch:
         start = int(self.num_blocks[row])
         end = start + len(block_ids)
         if end > self.block_table.shape[1]:
-            raise ValueError(f"request {self.req_ids[row]!r} would hold {end} blocks, over the per-request maximum {self.block_table.shape[1]}")
+            raise ValueError(
+                f"request {self.req_ids[row]!r} would hold {end} blocks, over the per-request maximum {self.block_table.shape[1]}"
+            )
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end
 

@@ -28,7 +28,9 @@ def checkpoint_files(folder: Path) -> list[Path]:
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
-            raise ConfigError(f"{str(folder / INDEX_FILE)!r} names shard files that are missing: {missing}")
+            raise ConfigError(
+                f"{str(folder / INDEX_FILE)!r} names shard files that are missing: {missing}"
+            )
         if not shards:
             raise ConfigError(f"{str(folder / INDEX_FILE)!r} has an empty weight_map")
         return [folder / s for s in shards]

@@ -19,8 +19,11 @@ from octavo.sampling_params import SamplingParams
 
 def needs_processing(params: SamplingParams) -> bool:
     return bool(
-        params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
-        or params.logit_bias or params.min_tokens
+        params.repetition_penalty != 1.0
+        or params.frequency_penalty
+        or params.presence_penalty
+        or params.logit_bias
+        or params.min_tokens
     )
 
 
@@ -40,12 +43,16 @@ class SamplingPenalties:
                 try:
                     self._apply(logits[i], state.sampling_params, batch, row)
                 except Exception as exc:  # noqa: BLE001 - one request's parameters: fail it alone
-                    failed[state.req_id] = f"cannot apply its penalties: {type(exc).__name__}: {exc}"
+                    failed[state.req_id] = (
+                        f"cannot apply its penalties: {type(exc).__name__}: {exc}"
+                    )
         if failed:
             raise RequestError(failed)
         return logits
 
-    def _apply(self, row_logits: torch.Tensor, params: SamplingParams, batch: InputBatch, row: int) -> None:
+    def _apply(
+        self, row_logits: torch.Tensor, params: SamplingParams, batch: InputBatch, row: int
+    ) -> None:
         num_prompt, num_tokens = int(batch.num_prompt_tokens[row]), int(batch.num_tokens[row])
         tokens = torch.from_numpy(batch.token_ids[row, :num_tokens]).long().to(row_logits.device)
         output = tokens[num_prompt:]
@@ -58,11 +65,19 @@ class SamplingPenalties:
             row_logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
         if params.frequency_penalty or params.presence_penalty:
             counts = torch.bincount(output, minlength=vocab).to(row_logits.dtype)
-            row_logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row_logits.dtype)
+            row_logits -= params.frequency_penalty * counts + params.presence_penalty * (
+                counts > 0
+            ).to(row_logits.dtype)
         if params.logit_bias:
             ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row_logits.device)
-            row_logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=row_logits.dtype, device=row_logits.device)
+            row_logits[ids] += torch.tensor(
+                list(params.logit_bias.values()), dtype=row_logits.dtype, device=row_logits.device
+            )
         if params.min_tokens and len(output) < params.min_tokens:
-            banned = list(params.stop_token_ids) + ([] if params.ignore_eos else list(self.eos_token_ids))
+            banned = list(params.stop_token_ids) + (
+                [] if params.ignore_eos else list(self.eos_token_ids)
+            )
             if banned:
-                row_logits[torch.tensor(banned, dtype=torch.long, device=row_logits.device)] = float("-inf")
+                row_logits[torch.tensor(banned, dtype=torch.long, device=row_logits.device)] = (
+                    float("-inf")
+                )

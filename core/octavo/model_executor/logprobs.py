@@ -28,9 +28,15 @@ def compute_logprobs(
     chosen_logprobs = logprobs.gather(1, chosen.unsqueeze(1))
     ranks = (logprobs > chosen_logprobs).sum(dim=1) + 1
     k = int(num_logprobs[rows].max())
-    top_values, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], chosen[:, None][:, :0])
+    top_values, top_ids = (
+        logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], chosen[:, None][:, :0])
+    )
     chosen_list, chosen_lp = chosen.tolist(), chosen_logprobs.squeeze(1).tolist()
-    ranks_list, top_ids_list, top_values_list = ranks.tolist(), top_ids.tolist(), top_values.tolist()
+    ranks_list, top_ids_list, top_values_list = (
+        ranks.tolist(),
+        top_ids.tolist(),
+        top_values.tolist(),
+    )
     for i, row in enumerate(rows.tolist()):
         n = int(num_logprobs[row])
         out[row] = TokenLogprobs(

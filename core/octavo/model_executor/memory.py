@@ -83,7 +83,9 @@ class PeakMemory:
             self.bytes = self._counter.peak
 
 
-def zeros_on_touch(shape: Sequence[int], dtype: torch.dtype, device: Union[str, torch.device]) -> torch.Tensor:
+def zeros_on_touch(
+    shape: Sequence[int], dtype: torch.dtype, device: Union[str, torch.device]
+) -> torch.Tensor:
     """A zero tensor for a large cache. On the host CPU it lives in anonymous memory, which the
     operating system hands out already zeroed, page by page, when first touched: a KV cache of
     several GiB then costs no start-up time (``torch.zeros`` writes every page: ~10 s for 8 GiB

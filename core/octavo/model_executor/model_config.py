@@ -31,7 +31,9 @@ def resolve_model_folder(model: Union[str, Path]) -> Path:
             )
         raise ConfigError(f"model folder {str(model)!r} does not exist")
     if not path.is_dir():
-        raise ConfigError(f"model path {str(model)!r} is not a folder; pass the HuggingFace model folder")
+        raise ConfigError(
+            f"model path {str(model)!r} is not a folder; pass the HuggingFace model folder"
+        )
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model folder {str(path)!r} has no config.json; a HuggingFace model folder holds "
@@ -63,7 +65,9 @@ def resolve_dtype(
         stored = hf_config.get("dtype") or hf_config.get("torch_dtype") or "float32"
         dtype = DTYPES.get(str(stored).removeprefix("torch."), torch.float32)
         if dtype not in supported:
-            dtype = next((d for d in (torch.bfloat16, torch.float32) if d in supported), supported[0])
+            dtype = next(
+                (d for d in (torch.bfloat16, torch.float32) if d in supported), supported[0]
+            )
         return dtype
     elif requested in DTYPES:
         dtype = DTYPES[requested]
@@ -77,7 +81,9 @@ def resolve_dtype(
     return dtype
 
 
-def _eos_token_ids(hf_config: Mapping[str, Any], generation_config: Mapping[str, Any]) -> tuple[int, ...]:
+def _eos_token_ids(
+    hf_config: Mapping[str, Any], generation_config: Mapping[str, Any]
+) -> tuple[int, ...]:
     eos = generation_config.get("eos_token_id", hf_config.get("eos_token_id"))
     if eos is None:
         return ()
@@ -108,8 +114,12 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()
-    hf_config: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    generation_config: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    hf_config: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
+    generation_config: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def from_folder(
@@ -124,17 +134,35 @@ class ModelConfig:
         """Read ``config.json`` (and ``generation_config.json`` when present) from ``model``."""
         path = resolve_model_folder(model)
         hf = read_json(path / "config.json")
-        generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+        generation = (
+            read_json(path / "generation_config.json")
+            if (path / "generation_config.json").is_file()
+            else {}
+        )
         architectures = hf.get("architectures") or []
         if len(architectures) != 1:
-            raise ConfigError(f"{str(path / 'config.json')!r} must name exactly one architecture, got {architectures!r}")
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size") if k not in hf]
+            raise ConfigError(
+                f"{str(path / 'config.json')!r} must name exactly one architecture, got {architectures!r}"
+            )
+        missing = [
+            k
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "vocab_size",
+                "intermediate_size",
+            )
+            if k not in hf
+        ]
         if missing:
             raise ConfigError(f"{str(path / 'config.json')!r} lacks {', '.join(missing)}")
         heads = int(hf["num_attention_heads"])
         max_pos = int(hf.get("max_position_embeddings", 2048))
         if max_model_len is not None and max_model_len > max_pos:
-            raise ConfigError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings ({max_pos})")
+            raise ConfigError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings ({max_pos})"
+            )
         return cls(
             model_path=path,
             architecture=architectures[0],

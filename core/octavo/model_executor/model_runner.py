@@ -23,7 +23,11 @@ from octavo.model_executor.logits_processors import SamplingPenalties
 from octavo.model_executor.logprobs import compute_logprobs
 from octavo.model_executor.memory import PeakMemory, zeros_on_touch
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from octavo.model_executor.scheduler_output import (
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from octavo.models.layers.attention import Attention
 from octavo.models.layers.linear import TPGroup
 from octavo.models.layers.widen import widen_matmuls
@@ -44,7 +48,9 @@ class RunnerConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    quantization: Optional[str] = None  # "fp8": linear weights quantised at load (EngineArgs.quantization)
+    quantization: Optional[str] = (
+        None  # "fp8": linear weights quantised at load (EngineArgs.quantization)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +71,9 @@ class StepInputs:
     attn_metadata: AttentionMetadata
     num_scheduled: np.ndarray  # [R]
     sample_rows: np.ndarray  # [S] batch rows that sample this step
-    logits_indices: Optional[torch.Tensor]  # [S] token of each sampling row; None: every token samples
+    logits_indices: Optional[
+        torch.Tensor
+    ]  # [S] token of each sampling row; None: every token samples
 
 
 class _StepBuffer:
@@ -104,18 +112,30 @@ class ModelRunner:
         self.block_size = runner_config.block_size
         self.device = torch.device(device) if device is not None else platform.device_init()
         self.model = load_model(
-            model_config, platform, block_size=self.block_size, device=self.device, tp=tp,
+            model_config,
+            platform,
+            block_size=self.block_size,
+            device=self.device,
+            tp=tp,
             quantization=runner_config.quantization,
         )
         widen_matmuls(self.model, platform.capabilities.widened_matmul_dtypes)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
-        self._kept_generators: dict[str, torch.Generator] = {}  # of requests forgotten by a failed step
-        self.logits_processors: list[LogitsProcessor] = [SamplingPenalties(self.requests, model_config.eos_token_ids)]
+        self._kept_generators: dict[
+            str, torch.Generator
+        ] = {}  # of requests forgotten by a failed step
+        self.logits_processors: list[LogitsProcessor] = [
+            SamplingPenalties(self.requests, model_config.eos_token_ids)
+        ]
         max_blocks = -(-model_config.max_model_len // self.block_size)
         self.input_batch = InputBatch(
-            runner_config.max_num_seqs, model_config.max_model_len, max_blocks, model_config.vocab_size, self.device
+            runner_config.max_num_seqs,
+            model_config.max_model_len,
+            max_blocks,
+            model_config.vocab_size,
+            self.device,
         )
         max_tokens, max_reqs = runner_config.max_num_batched_tokens, runner_config.max_num_seqs
         self.input_ids = _StepBuffer(max_tokens, torch.int64, self.device)
@@ -134,7 +154,9 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one block takes across all layers, in the backends' layouts (for KV sizing)."""
         size = self.model_config.dtype.itemsize
-        return sum(int(np.prod(layer.backend.kv_cache_shape(1))) * size for layer in self.attention_layers)
+        return sum(
+            int(np.prod(layer.backend.kv_cache_shape(1))) * size for layer in self.attention_layers
+        )
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate each layer's paged cache (``num_blocks`` blocks) and bind it to the layer;
@@ -144,12 +166,18 @@ class ModelRunner:
             zeros_on_touch(layer.backend.kv_cache_shape(num_blocks), dtype, self.device)
             for layer in self.attention_layers
         ]
-        self.host_kv_caches = [
-            torch.zeros(layer.backend.kv_cache_shape(num_host_blocks), dtype=dtype, pin_memory=True)
-            if self.device.type != "cpu"
-            else zeros_on_touch(layer.backend.kv_cache_shape(num_host_blocks), dtype, "cpu")
-            for layer in self.attention_layers
-        ] if num_host_blocks else []
+        self.host_kv_caches = (
+            [
+                torch.zeros(
+                    layer.backend.kv_cache_shape(num_host_blocks), dtype=dtype, pin_memory=True
+                )
+                if self.device.type != "cpu"
+                else zeros_on_touch(layer.backend.kv_cache_shape(num_host_blocks), dtype, "cpu")
+                for layer in self.attention_layers
+            ]
+            if num_host_blocks
+            else []
+        )
         self._bind(self.kv_caches)
 
     def _bind(self, caches: list[torch.Tensor]) -> None:
@@ -160,8 +188,13 @@ class ModelRunner:
         """Apply the step's KV block transfers (copy-on-write, swap out/in), in planned order."""
         if not so.kv_transfers:
             return
-        if any(t.kind is not TransferKind.COPY for t in so.kv_transfers) and not self.host_kv_caches:
-            raise RuntimeError("swap requested but no host KV cache was allocated (num_host_blocks=0)")
+        if (
+            any(t.kind is not TransferKind.COPY for t in so.kv_transfers)
+            and not self.host_kv_caches
+        ):
+            raise RuntimeError(
+                "swap requested but no host KV cache was allocated (num_host_blocks=0)"
+            )
         for i, layer in enumerate(self.attention_layers):
             host = [self.host_kv_caches[i]] if self.host_kv_caches else []
             apply_block_transfers(layer.backend, [self.kv_caches[i]], host, so.kv_transfers)
@@ -261,21 +294,29 @@ class ModelRunner:
         batch, bs = self.input_batch, self.block_size
         num_reqs = batch.num_reqs
         req_ids = batch.req_ids[:num_reqs]
-        num_scheduled = np.fromiter(map(so.num_scheduled_tokens.__getitem__, req_ids), np.int64, num_reqs)
+        num_scheduled = np.fromiter(
+            map(so.num_scheduled_tokens.__getitem__, req_ids), np.int64, num_reqs
+        )
         cu_num_tokens = np.cumsum(num_scheduled)
         total = int(cu_num_tokens[-1])
-        assert total == so.total_num_scheduled_tokens, "num_scheduled_tokens does not add up to the total"
+        assert total == so.total_num_scheduled_tokens, (
+            "num_scheduled_tokens does not add up to the total"
+        )
         req_indices = np.repeat(self.arange[:num_reqs], num_scheduled)
         offsets = self.arange[:total] - np.repeat(cu_num_tokens - num_scheduled, num_scheduled)
         num_computed = batch.num_computed_tokens[:num_reqs].astype(np.int64)
         positions = self.positions.np[:total]
         np.add(num_computed[req_indices], offsets, out=positions)
         seq_lens = num_computed + num_scheduled
-        assert (seq_lens <= batch.num_tokens[:num_reqs]).all(), "scheduled past the request's known tokens"
+        assert (seq_lens <= batch.num_tokens[:num_reqs]).all(), (
+            "scheduled past the request's known tokens"
+        )
 
         max_len = batch.token_ids.shape[1]
         self.input_ids.np[:total] = batch.token_ids.ravel()[req_indices * max_len + positions]
-        block_numbers = batch.block_table.ravel()[req_indices * batch.block_table.shape[1] + positions // bs]
+        block_numbers = batch.block_table.ravel()[
+            req_indices * batch.block_table.shape[1] + positions // bs
+        ]
         np.add(block_numbers * bs, positions % bs, out=self.slot_mapping.np[:total])
         self.query_start_loc.np[0] = 0
         self.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
@@ -290,7 +331,9 @@ class ModelRunner:
         batch.num_computed_tokens[:num_reqs] = seq_lens
         # a compact table, only as wide as this step's longest request needs
         num_cols = -(-int(seq_lens.max()) // bs)
-        self.block_table.np[: num_reqs * num_cols].reshape(num_reqs, num_cols)[:] = batch.block_table[:num_reqs, :num_cols]
+        self.block_table.np[: num_reqs * num_cols].reshape(num_reqs, num_cols)[:] = (
+            batch.block_table[:num_reqs, :num_cols]
+        )
         metadata = AttentionMetadata(
             query_start_loc=self.query_start_loc.to_device(num_reqs + 1),
             seq_lens=self.seq_lens.to_device(num_reqs),
@@ -301,8 +344,12 @@ class ModelRunner:
             num_actual_tokens=total,
         )
         return StepInputs(
-            self.input_ids.to_device(total), self.positions.to_device(total), metadata,
-            num_scheduled, sample_rows, logits_indices,
+            self.input_ids.to_device(total),
+            self.positions.to_device(total),
+            metadata,
+            num_scheduled,
+            sample_rows,
+            logits_indices,
         )
 
     def _sample(self, hidden_states: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
@@ -317,7 +364,9 @@ class ModelRunner:
                 hidden_states = hidden_states.index_select(0, step.logits_indices)
             logits = self.model.compute_logits(hidden_states).float()
             num_logprobs = batch.num_logprobs[rows]
-            raw_logits = logits.clone() if self.logits_processors and (num_logprobs >= 0).any() else logits
+            raw_logits = (
+                logits.clone() if self.logits_processors and (num_logprobs >= 0).any() else logits
+            )
             logits = self._process_logits(logits, rows, failed)
             sampled = self.sampler(logits, batch.sampling_metadata(rows))
             row_logprobs = compute_logprobs(raw_logits, sampled, num_logprobs)
@@ -327,9 +376,13 @@ class ModelRunner:
             for i in np.flatnonzero(kept).tolist():
                 sampled_token_ids[rows[i]] = [int(tokens[i])]
                 logprobs[rows[i]] = row_logprobs[i]
-        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids, logprobs, failed)
+        return ModelRunnerOutput(
+            req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids, logprobs, failed
+        )
 
-    def _process_logits(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]) -> torch.Tensor:
+    def _process_logits(
+        self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]
+    ) -> torch.Tensor:
         """Run the logits processors over the sampling rows. Rows a processor could not adjust
         (it processes the others, then raises a RequestError naming these) fail; their logits
         are made neutral so that sampling them cannot fail as well."""
@@ -351,7 +404,9 @@ class ModelRunner:
         req_ids = self.input_batch.req_ids
         kept = (tokens >= 0) & (tokens < vocab_size)
         for i in np.flatnonzero(~kept).tolist():
-            failed.setdefault(req_ids[rows[i]], "the sampler found no token to sample (no finite logit)")
+            failed.setdefault(
+                req_ids[rows[i]], "the sampler found no token to sample (no finite logit)"
+            )
         if failed:
             kept &= np.array([req_ids[row] not in failed for row in rows.tolist()])
         return kept
@@ -374,12 +429,16 @@ class ModelRunner:
         cfg, bs = self.config, self.block_size
         num_reqs = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
         base, extra = divmod(cfg.max_num_batched_tokens, num_reqs)
-        lengths = [min(base + (i < extra), self.model_config.max_model_len) for i in range(num_reqs)]
+        lengths = [
+            min(base + (i < extra), self.model_config.max_model_len) for i in range(num_reqs)
+        ]
         num_blocks = [-(-n // bs) for n in lengths]
         starts = np.concatenate([[0], np.cumsum(num_blocks)]).tolist()
         params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, seed=0)
         new_reqs = [
-            NewRequestData(f"__profile_{i}", [0] * n, params, list(range(starts[i], starts[i + 1])), 0)
+            NewRequestData(
+                f"__profile_{i}", [0] * n, params, list(range(starts[i], starts[i + 1])), 0
+            )
             for i, n in enumerate(lengths)
         ]
         saved = self.kv_caches
@@ -389,12 +448,16 @@ class ModelRunner:
             for layer in self.attention_layers
         ]
         self._bind(scratch)
-        step = SchedulerOutput(new_reqs, [], {r.req_id: len(r.prompt_token_ids) for r in new_reqs}, sum(lengths))
+        step = SchedulerOutput(
+            new_reqs, [], {r.req_id: len(r.prompt_token_ids) for r in new_reqs}, sum(lengths)
+        )
         try:
             with PeakMemory(self.device) as peak:
                 self.execute_model(step)
         finally:
-            self.execute_model(SchedulerOutput([], [], {}, 0, finished_req_ids={r.req_id for r in new_reqs}))
+            self.execute_model(
+                SchedulerOutput([], [], {}, 0, finished_req_ids={r.req_id for r in new_reqs})
+            )
             self.kv_caches = saved
             self._bind(saved)
         return ProfileResult(peak.bytes, sum(lengths), num_reqs)

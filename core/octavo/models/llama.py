@@ -43,7 +43,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, config, *, device: Device, tp: TPGroup):
         super().__init__()
         if config.hidden_act != "silu":
-            raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported; the Llama family uses silu")
+            raise ConfigError(
+                f"hidden_act {config.hidden_act!r} is not supported; the Llama family uses silu"
+            )
         size, inner = config.hidden_size, config.intermediate_size
         kw = dict(dtype=config.dtype, device=device, tp=tp)
         self.gate_up_proj = MergedColumnParallelLinear(size, (inner, inner), config.mlp_bias, **kw)
@@ -75,19 +77,33 @@ class LlamaAttention(nn.Module):
         num_kv_heads = tp.split(config.num_key_value_heads, "num_key_value_heads")
         kw = dict(dtype=config.dtype, device=device, tp=tp)
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads, qkv_bias, **kw
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            qkv_bias,
+            **kw,
         )
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size, o_bias, **kw)
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, o_bias, **kw
+        )
         self.attn = Attention(
-            num_heads, num_kv_heads, self.head_dim, platform,
-            dtype=config.dtype, block_size=block_size, sliding_window=sliding_window,
+            num_heads,
+            num_kv_heads,
+            self.head_dim,
+            platform,
+            dtype=config.dtype,
+            block_size=block_size,
+            sliding_window=sliding_window,
         )
 
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor):
         """Hook for per-head q/k normalisation before RoPE (Qwen3); identity for Llama."""
         return q, k
 
-    def forward(self, hidden: torch.Tensor, cos_sin, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, cos_sin, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split_qkv(self.qkv_proj(hidden))
         q, k = self.normalize_qk(q, k)
         q, k = apply_rotary(cos_sin, q, k, self.head_dim)
@@ -98,13 +114,17 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, residual adds fused into the following RMSNorm."""
 
-    def __init__(self, config, platform: Platform, self_attn: nn.Module, *, device: Device, tp: TPGroup):
+    def __init__(
+        self, config, platform: Platform, self_attn: nn.Module, *, device: Device, tp: TPGroup
+    ):
         super().__init__()
         kw = dict(dtype=config.dtype, device=device)
         self.self_attn = self_attn
         self.mlp = LlamaMLP(config, device=device, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, platform, **kw)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, platform, **kw)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, platform, **kw
+        )
 
     def forward(self, hidden, residual, cos_sin, attn_metadata):
         """``(hidden, residual)`` in, ``(mlp output, residual)`` out; residual None on layer 0."""
@@ -120,17 +140,25 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and the final norm (HF module names, so checkpoints map 1:1)."""
 
-    def __init__(self, config, platform: Platform, layers: list[nn.Module], *, device: Device, tp: TPGroup):
+    def __init__(
+        self, config, platform: Platform, layers: list[nn.Module], *, device: Device, tp: TPGroup
+    ):
         super().__init__()
         self.dtype = config.dtype
         self.embed_tokens = VocabParallelEmbedding(
             config.vocab_size, config.hidden_size, dtype=config.dtype, device=device, tp=tp
         )
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, platform, dtype=config.dtype, device=device)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_model_len, config.rope, device)
+        self.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, platform, dtype=config.dtype, device=device
+        )
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_model_len, config.rope, device
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata):
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ):
         hidden = self.embed_tokens(input_ids)
         cos_sin = self.rotary_emb.cos_sin(positions, self.dtype)
         residual = None
@@ -152,14 +180,29 @@ class LlamaForCausalLM(nn.Module):
         (".gate_up_proj.", ".up_proj.", 1),
     )
 
-    def __init__(self, config, platform: Platform, *, block_size: int, device: Device, tp: TPGroup = TPGroup()):
+    def __init__(
+        self,
+        config,
+        platform: Platform,
+        *,
+        block_size: int,
+        device: Device,
+        tp: TPGroup = TPGroup(),
+    ):
         super().__init__()
         self.config = config
-        layers = [self._make_layer(config, platform, i, block_size, device, tp) for i in range(config.num_hidden_layers)]
+        layers = [
+            self._make_layer(config, platform, i, block_size, device, tp)
+            for i in range(config.num_hidden_layers)
+        ]
         self.model = LlamaModel(config, platform, layers, device=device, tp=tp)
         tied = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(
-            config.vocab_size, config.hidden_size, dtype=config.dtype, device="meta" if tied else device, tp=tp
+            config.vocab_size,
+            config.hidden_size,
+            dtype=config.dtype,
+            device="meta" if tied else device,
+            tp=tp,
         )
         if tied:
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -179,21 +222,31 @@ class LlamaForCausalLM(nn.Module):
     def _make_layer(self, config, platform, layer_idx, block_size, device, tp) -> LlamaDecoderLayer:
         qkv_bias, o_bias = self.attention_biases(config)
         attn = self.attention_cls(
-            config, platform, block_size=block_size, device=device, tp=tp,
-            qkv_bias=qkv_bias, o_bias=o_bias, sliding_window=self.sliding_window(config, layer_idx),
+            config,
+            platform,
+            block_size=block_size,
+            device=device,
+            tp=tp,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            sliding_window=self.sliding_window(config, layer_idx),
         )
         return LlamaDecoderLayer(config, platform, attn, device=device, tp=tp)
 
     # --- the interface the runner and loader use -----------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata):
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ):
         return self.model(input_ids, positions, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
     def _skip(self, name: str) -> bool:
-        return "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight")
+        return "rotary_emb.inv_freq" in name or (
+            self.config.tie_word_embeddings and name == "lm_head.weight"
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_checkpoint_tensors(self, weights, self.STACKED_PARAMS, self._skip)

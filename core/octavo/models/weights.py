@@ -54,7 +54,11 @@ def load_checkpoint_tensors(
             raise ConfigError(f"checkpoint tensor {name!r} {exc}") from None
         consumed.add(name)
     if unexpected:
-        logger.warning("ignored %d checkpoint tensors the model does not use: %s", len(unexpected), unexpected[:8])
+        logger.warning(
+            "ignored %d checkpoint tensors the model does not use: %s",
+            len(unexpected),
+            unexpected[:8],
+        )
     return consumed
 
 

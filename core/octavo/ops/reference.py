@@ -225,7 +225,9 @@ def draw_rejection_randoms(
     noise = torch.empty(len(counts), vocab_size, device=device).exponential_()
     starts = [sum(counts[:r]) for r in range(len(counts))]
     for r, generator in (generators or {}).items():
-        uniforms[starts[r] : starts[r] + counts[r]] = torch.rand(counts[r], generator=generator, device=device)
+        uniforms[starts[r] : starts[r] + counts[r]] = torch.rand(
+            counts[r], generator=generator, device=device
+        )
         noise[r].exponential_(generator=generator)
     return uniforms, noise
 
@@ -259,7 +261,11 @@ def rejection_sample(
     # Accept or reject every draft on its own.
     p_rows = target_probs[starts[req] + req + pos].float()  # [N, V]: the draft positions' rows
     p_x = p_rows.gather(1, draft_ids[:, None])[:, 0]
-    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.float().gather(1, draft_ids[:, None])[:, 0]
+    q_x = (
+        torch.ones_like(p_x)
+        if draft_probs is None
+        else draft_probs.float().gather(1, draft_ids[:, None])[:, 0]
+    )
     accept = torch.where(greedy[req], draft_ids == p_rows.argmax(1), uniforms.float() * q_x < p_x)
 
     # The leading run of accepted drafts (padding past k_r counts as accepted, then is cut off).
@@ -269,7 +275,9 @@ def rejection_sample(
 
     # The last token: recovered at the first rejection, else the bonus; both read target row
     # cu_r + r + accepted. The residual subtracts the rejected draft's probabilities.
-    final_p = target_probs[starts + torch.arange(num_reqs, device=device) + num_accepted].float()  # [R, V]
+    final_p = target_probs[
+        starts + torch.arange(num_reqs, device=device) + num_accepted
+    ].float()  # [R, V]
     rejected = num_accepted < counts
     draft_at = (starts + num_accepted).clamp(max=max(draft_ids.shape[0] - 1, 0))
     if draft_ids.shape[0] == 0:

@@ -80,7 +80,9 @@ class UnimportablePlatform:
 
     @hookspecs.hookimpl
     def octavo_platform_detect(self) -> PlatformInfo:
-        return PlatformInfo(self.name, "unknown", False, -1, f"{self.reason}; reinstall or fix that package")
+        return PlatformInfo(
+            self.name, "unknown", False, -1, f"{self.reason}; reinstall or fix that package"
+        )
 
 
 def plugin_records(pm: pluggy.PluginManager) -> dict[str, PluginRecord]:

@@ -172,6 +172,7 @@ ScaledMMFn = Callable[..., torch.Tensor]
 """``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``: ``(a @ b) * scale_a * scale_b (+ bias)``
 with FP8 inputs; scales are per-tensor ``[1]``, per-token ``[M, 1]`` or per-channel ``[1, N]``."""
 
+
 class RejectionSamplerFn(Protocol):
     """The speculative-decoding verifier: lossless rejection sampling of draft tokens.
 

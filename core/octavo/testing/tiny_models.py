@@ -87,7 +87,9 @@ def _hf_config(spec: TinyModelSpec):
     if spec.architecture == "MistralForCausalLM":
         kwargs["sliding_window"] = spec.sliding_window
     elif spec.architecture.startswith("Qwen") and spec.sliding_window is not None:
-        kwargs.update(use_sliding_window=True, sliding_window=spec.sliding_window, max_window_layers=0)
+        kwargs.update(
+            use_sliding_window=True, sliding_window=spec.sliding_window, max_window_layers=0
+        )
     config = config_cls(**kwargs)
     config.architectures = [spec.architecture]
     return config
@@ -106,7 +108,10 @@ def _randomize(model: torch.nn.Module, std: float, seed: int) -> None:
 
 def _corpus(num_sentences: int = 400, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) + "." for _ in range(num_sentences)]
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) + "."
+        for _ in range(num_sentences)
+    ]
 
 
 def build_tokenizer(vocab_size: int):
@@ -122,7 +127,9 @@ def build_tokenizer(vocab_size: int):
 
     base = len(SPECIAL_TOKENS) + 256
     if vocab_size < base:
-        raise ValueError(f"vocab_size must be >= {base} for a byte-level tokenizer, got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be >= {base} for a byte-level tokenizer, got {vocab_size}"
+        )
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -142,7 +149,11 @@ def build_tokenizer(vocab_size: int):
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>"
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<unk>",
     )
 
 
@@ -166,7 +177,9 @@ def write_tiny_model(
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, spec.init_std, spec.seed)
     model = model.to(dtype)
-    model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **save_kwargs)
     build_tokenizer(spec.vocab_size).save_pretrained(folder)

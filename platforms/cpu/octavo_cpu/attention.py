@@ -99,16 +99,21 @@ class CpuAttentionBackend(AttentionBackend):
         order = needed.argsort(descending=True)
         needed_sorted = needed[order].tolist()
         block_bytes = 2 * kv_cache[0, 0].numel() * kv_cache.element_size()  # K and V
-        q = query[tokens].view(-1, spec.num_kv_heads, spec.num_heads // spec.num_kv_heads,
-                               spec.head_dim)
+        q = query[tokens].view(
+            -1, spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim
+        )
         start = 0
         while start < len(needed_sorted):
             num_blocks = needed_sorted[start]
             group = max(1, WORKSPACE_BYTES // (block_bytes * num_blocks))
             group_rows = order[start : start + group]
             o = self._decode_group(
-                q[group_rows], kv_cache, block_table[group_rows], seq_lens[group_rows],
-                first_block[group_rows], num_blocks,
+                q[group_rows],
+                kv_cache,
+                block_table[group_rows],
+                seq_lens[group_rows],
+                first_block[group_rows],
+                num_blocks,
             )
             out[tokens[group_rows]] = o.reshape(-1, spec.num_heads, spec.head_dim)
             start += group

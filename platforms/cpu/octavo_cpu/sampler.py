@@ -167,9 +167,13 @@ def _select_rows(metadata: SamplingMetadata, rows: list[int]) -> SamplingMetadat
         i: metadata.generators[row] for i, row in enumerate(rows) if row in metadata.generators
     }
     return SamplingMetadata(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         generators=generators,
-        all_greedy=bool((temperature == 0).all()), all_random=bool((temperature > 0).all()),
+        all_greedy=bool((temperature == 0).all()),
+        all_random=bool((temperature > 0).all()),
         no_top_k=metadata.no_top_k or bool((top_k <= 0).all()),
         no_top_p=metadata.no_top_p or bool((top_p >= 1.0).all()),
         no_min_p=metadata.no_min_p or bool((min_p <= 0.0).all()),

@@ -64,32 +64,49 @@ def attention_cases(platform: Platform, device, sizes: Sizes):
         ("attention prefill", [sizes.prefill_len] * sizes.prefill_reqs, [0] * sizes.prefill_reqs),
     )
     for name, query_lens, context_lens in shapes:
-        b = to_device(random_paged_batch(query_lens, context_lens, 32, 8, 128, 16, torch.bfloat16), device)
+        b = to_device(
+            random_paged_batch(query_lens, context_lens, 32, 8, 128, 16, torch.bfloat16), device
+        )
         yield (
             f"{name} R={len(query_lens)} ctx={max(q + c for q, c in zip(query_lens, context_lens))}",
             lambda b=b: backend.forward(b.query, b.key, b.value, b.kv_cache, b.metadata),
-            lambda b=b: reference.paged_attention(b.query, b.key, b.value, b.kv_cache, b.metadata, spec.scale),
+            lambda b=b: reference.paged_attention(
+                b.query, b.key, b.value, b.kv_cache, b.metadata, spec.scale
+            ),
         )
 
 
 def other_cases(platform: Platform, device, sizes: Sizes):
     """Fused add + RMSNorm and the sampler with every filter on."""
-    x, residual = (torch.randn(sizes.norm_tokens, sizes.hidden, device=device, dtype=torch.bfloat16) for _ in range(2))
+    x, residual = (
+        torch.randn(sizes.norm_tokens, sizes.hidden, device=device, dtype=torch.bfloat16)
+        for _ in range(2)
+    )
     weight = torch.ones(sizes.hidden, device=device, dtype=torch.bfloat16)
     norm = platform.rms_norm(sizes.hidden, 1e-6, torch.bfloat16)
-    yield (f"fused add+rms_norm {sizes.norm_tokens}x{sizes.hidden}", lambda: norm(x, weight, residual),
-           lambda: reference.rms_norm(x, weight, 1e-6, residual))
+    yield (
+        f"fused add+rms_norm {sizes.norm_tokens}x{sizes.hidden}",
+        lambda: norm(x, weight, residual),
+        lambda: reference.rms_norm(x, weight, 1e-6, residual),
+    )
     rows = sizes.sample_rows
     logits = torch.randn(rows, sizes.vocab, device=device) * 4
     metadata = SamplingMetadata(
         temperature=torch.full((rows,), 0.8, device=device),
         top_k=torch.full((rows,), 50, device=device, dtype=torch.int32),
-        top_p=torch.full((rows,), 0.9, device=device), min_p=torch.full((rows,), 0.05, device=device),
-        all_random=True, no_top_k=False, no_top_p=False, no_min_p=False,
+        top_p=torch.full((rows,), 0.9, device=device),
+        min_p=torch.full((rows,), 0.05, device=device),
+        all_random=True,
+        no_top_k=False,
+        no_top_p=False,
+        no_min_p=False,
     )
     sampler = platform.sampler(sizes.vocab)
-    yield (f"sampler top-k/top-p/min-p {rows}x{sizes.vocab}", lambda: sampler(logits, metadata),
-           lambda: reference.sample(logits, metadata))
+    yield (
+        f"sampler top-k/top-p/min-p {rows}x{sizes.vocab}",
+        lambda: sampler(logits, metadata),
+        lambda: reference.sample(logits, metadata),
+    )
 
 
 def fp8_and_speculation_cases(platform: Platform, device, sizes: Sizes):
@@ -101,8 +118,11 @@ def fp8_and_speculation_cases(platform: Platform, device, sizes: Sizes):
     a, scale_a = quantize_rows(torch.randn(m, k, device=device))
     w, scale_w = quantize_rows(torch.randn(k, k, device=device))
     scaled_mm = platform.scaled_mm()
-    yield (f"fp8 scaled_mm {m}x{k}x{k}", lambda: scaled_mm(a, w.t(), scale_a, scale_w.view(1, -1), torch.bfloat16),
-           lambda: reference.scaled_mm(a, w.t(), scale_a, scale_w.view(1, -1), torch.bfloat16))
+    yield (
+        f"fp8 scaled_mm {m}x{k}x{k}",
+        lambda: scaled_mm(a, w.t(), scale_a, scale_w.view(1, -1), torch.bfloat16),
+        lambda: reference.scaled_mm(a, w.t(), scale_a, scale_w.view(1, -1), torch.bfloat16),
+    )
     rows, drafts = sizes.sample_rows, 4
     counts = [drafts] * rows
     target = torch.softmax(torch.randn(rows * (drafts + 1), sizes.vocab, device=device) * 3, -1)
@@ -112,13 +132,20 @@ def fp8_and_speculation_cases(platform: Platform, device, sizes: Sizes):
     uniforms, noise = reference.draw_rejection_randoms(counts, sizes.vocab, device=device)
     args = (ids, counts, draft, target, temperature, uniforms, noise)
     verify = platform.rejection_sampler()
-    yield (f"rejection sampler {rows}x{drafts} drafts, V={sizes.vocab}", lambda: verify(*args),
-           lambda: reference.rejection_sample(*args))
+    yield (
+        f"rejection sampler {rows}x{drafts} drafts, V={sizes.vocab}",
+        lambda: verify(*args),
+        lambda: reference.rejection_sample(*args),
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="small shapes: a smoke run of the code paths")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="small shapes: a smoke run of the code paths"
+    )
     args = parser.parse_args(argv)
     platform = Platform.select(device="cuda")
     device = platform.device_init(0)
@@ -129,7 +156,9 @@ def main(argv=None) -> int:
     for cases in (attention_cases, other_cases, fp8_and_speculation_cases):
         for name, kernel, ref in cases(platform, device, sizes):
             kernel_ms, ref_ms = time_call(kernel, device), time_call(ref, device)
-            print(f"{name:48} triton {kernel_ms:9.3f} ms   reference {ref_ms:9.3f} ms   x{ref_ms / kernel_ms:6.1f}")
+            print(
+                f"{name:48} triton {kernel_ms:9.3f} ms   reference {ref_ms:9.3f} ms   x{ref_ms / kernel_ms:6.1f}"
+            )
     return 0
 
 

@@ -32,9 +32,18 @@ def builds(arch: int = 90) -> list[cc.KernelBuild]:
     for name, spec in SPECS:
         dtypes = DTYPES if name == "llama-h128" else (spec.dtype,)
         for dtype in dtypes:
-            s = AttentionSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim, dtype,
-                              spec.block_size, spec.scale, spec.sliding_window)
-            out += cc.attention_builds(s, tuning.attention_tuning(s), f"{name},{cc.TRITON_TYPES[dtype]}")
+            s = AttentionSpec(
+                spec.num_heads,
+                spec.num_kv_heads,
+                spec.head_dim,
+                dtype,
+                spec.block_size,
+                spec.scale,
+                spec.sliding_window,
+            )
+            out += cc.attention_builds(
+                s, tuning.attention_tuning(s), f"{name},{cc.TRITON_TYPES[dtype]}"
+            )
     for dtype in DTYPES:
         out += cc.rms_norm_builds(4096, dtype, tuning.ROWS)
     out += cc.sampler_builds(tuning.SAMPLER)
@@ -45,13 +54,19 @@ def builds(arch: int = 90) -> list[cc.KernelBuild]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", type=int, action="append", help="compute capability, e.g. 80 (repeatable)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--arch", type=int, action="append", help="compute capability, e.g. 80 (repeatable)"
+    )
     args = parser.parse_args(argv)
     for arch in args.arch or [80, 90]:
         for record in cc.compile_builds(builds(arch), GPUTarget("cuda", arch, 32)):
-            print(f"{record['target']:10} {record['kernel']:45} {'+'.join(record['stages']):10} "
-                  f"shared {record['shared_bytes']} B")
+            print(
+                f"{record['target']:10} {record['kernel']:45} {'+'.join(record['stages']):10} "
+                f"shared {record['shared_bytes']} B"
+            )
     return 0
 
 

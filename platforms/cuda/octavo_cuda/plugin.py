@@ -57,7 +57,9 @@ def octavo_platform_detect() -> PlatformInfo:
     if why is not None:
         return PlatformInfo(NAME, "cuda", False, PRIORITY, why)
     count = torch.cuda.device_count()
-    return PlatformInfo(NAME, "cuda", True, PRIORITY, f"{count} CUDA device(s), CUDA {torch.version.cuda}")
+    return PlatformInfo(
+        NAME, "cuda", True, PRIORITY, f"{count} CUDA device(s), CUDA {torch.version.cuda}"
+    )
 
 
 @hookimpl

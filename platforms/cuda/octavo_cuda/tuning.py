@@ -13,7 +13,9 @@ from octavo_triton.tuning import AttentionTuning, MatmulTuning, RowTuning, Sampl
 # Split-KV when a decode batch launches fewer programs than about two per SM (A100: 108,
 # H100: 132), in segments of 512 context tokens. Not yet measured on a GPU.
 _SPLIT_KV = dict(split_kv_segment_len=512, split_kv_max_segments=16, split_kv_max_programs=256)
-_ATTENTION = AttentionTuning(block_m=16, tile_n=64, num_warps=4, num_stages=2, pv_precision="tf32x3", **_SPLIT_KV)
+_ATTENTION = AttentionTuning(
+    block_m=16, tile_n=64, num_warps=4, num_stages=2, pv_precision="tf32x3", **_SPLIT_KV
+)
 _ATTENTION_WIDE_HEADS = AttentionTuning(
     block_m=16, tile_n=32, num_warps=4, num_stages=2, pv_precision="tf32x3", **_SPLIT_KV
 )

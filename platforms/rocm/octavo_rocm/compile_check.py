@@ -33,12 +33,16 @@ def rms_norm_builds(hidden_size: int, dtype: torch.dtype) -> list[cc.KernelBuild
     """The persistent fused add + RMSNorm, plain and fused, in one block or column blocks."""
     t = cc.TRITON_TYPES[dtype]
     block = min(next_power_of_2(hidden_size), tuning.ROWS.max_block)
-    pointers = {name: t for name in ("out_ptr", "residual_out_ptr", "x_ptr", "residual_ptr", "weight_ptr")}
+    pointers = {
+        name: t for name in ("out_ptr", "residual_out_ptr", "x_ptr", "residual_ptr", "weight_ptr")
+    }
     warps = max(1, min(16, block // (tuning.WARP_SIZE * 4)))
     return [
         cc.KernelBuild(
-            f"rms_norm[{t},h{hidden_size},{'fused' if fused else 'plain'}]", rms_norm.fused_add_rms_norm_kernel,
-            pointers, dict(HAS_RESIDUAL=fused, UPCAST=False, BLOCK_N=block, ONE_BLOCK=block >= hidden_size),
+            f"rms_norm[{t},h{hidden_size},{'fused' if fused else 'plain'}]",
+            rms_norm.fused_add_rms_norm_kernel,
+            pointers,
+            dict(HAS_RESIDUAL=fused, UPCAST=False, BLOCK_N=block, ONE_BLOCK=block >= hidden_size),
             {"num_warps": warps},
         )
         for fused in (False, True)
@@ -48,28 +52,60 @@ def rms_norm_builds(hidden_size: int, dtype: torch.dtype) -> list[cc.KernelBuild
 def rms_norm_fp8_builds(hidden_size: int) -> list[cc.KernelBuild]:
     """The fused add + RMSNorm + per-token quantisation to gfx942's e4m3fnuz, from bf16."""
     block = next_power_of_2(hidden_size)
-    return [cc.KernelBuild(
-        f"rms_norm_fp8[bf16->fp8e4b8,h{hidden_size}]", rms_norm.fused_add_rms_norm_fp8_kernel,
-        {"q_ptr": "fp8e4b8", "scale_ptr": "fp32", "residual_out_ptr": "bf16", "x_ptr": "bf16",
-         "residual_ptr": "bf16", "weight_ptr": "bf16"},
-        dict(HAS_RESIDUAL=True, UPCAST=False, EMULATE_FP8=False, OUT_DTYPE=tl.bfloat16, BLOCK_N=block),
-        {"num_warps": max(1, min(16, block // (tuning.WARP_SIZE * 4)))},
-    )]
+    return [
+        cc.KernelBuild(
+            f"rms_norm_fp8[bf16->fp8e4b8,h{hidden_size}]",
+            rms_norm.fused_add_rms_norm_fp8_kernel,
+            {
+                "q_ptr": "fp8e4b8",
+                "scale_ptr": "fp32",
+                "residual_out_ptr": "bf16",
+                "x_ptr": "bf16",
+                "residual_ptr": "bf16",
+                "weight_ptr": "bf16",
+            },
+            dict(
+                HAS_RESIDUAL=True,
+                UPCAST=False,
+                EMULATE_FP8=False,
+                OUT_DTYPE=tl.bfloat16,
+                BLOCK_N=block,
+            ),
+            {"num_warps": max(1, min(16, block // (tuning.WARP_SIZE * 4)))},
+        )
+    ]
 
 
 def sampler_builds() -> list[cc.KernelBuild]:
     """The split-vocabulary kernels, and the shared filtering kernel with wave64 chunks."""
     split = cc.KernelBuild(
-        "split_candidates", sampler.split_candidates_kernel,
-        {"greedy_val_ptr": "fp32", "greedy_idx_ptr": "i32", "race_val_ptr": "fp32", "race_idx_ptr": "i32",
-         "logits_ptr": "fp32", "noise_ptr": "fp32", "temperature_ptr": "fp32"},
-        dict(ALL_GREEDY=False, BLOCK_V=tuning.SAMPLER.block_v), {"num_warps": tuning.SAMPLER.num_warps},
+        "split_candidates",
+        sampler.split_candidates_kernel,
+        {
+            "greedy_val_ptr": "fp32",
+            "greedy_idx_ptr": "i32",
+            "race_val_ptr": "fp32",
+            "race_idx_ptr": "i32",
+            "logits_ptr": "fp32",
+            "noise_ptr": "fp32",
+            "temperature_ptr": "fp32",
+        },
+        dict(ALL_GREEDY=False, BLOCK_V=tuning.SAMPLER.block_v),
+        {"num_warps": tuning.SAMPLER.num_warps},
     )
     pick = cc.KernelBuild(
-        "pick_winner", sampler.pick_winner_kernel,
-        {"out_ptr": "i64", "greedy_val_ptr": "fp32", "greedy_idx_ptr": "i32", "race_val_ptr": "fp32",
-         "race_idx_ptr": "i32", "temperature_ptr": "fp32"},
-        dict(SPLITS_PAD=64), {"num_warps": 1},
+        "pick_winner",
+        sampler.pick_winner_kernel,
+        {
+            "out_ptr": "i64",
+            "greedy_val_ptr": "fp32",
+            "greedy_idx_ptr": "i32",
+            "race_val_ptr": "fp32",
+            "race_idx_ptr": "i32",
+            "temperature_ptr": "fp32",
+        },
+        dict(SPLITS_PAD=64),
+        {"num_warps": 1},
     )
     return [split, pick] + cc.sampler_builds(tuning.SAMPLER)
 
@@ -79,9 +115,18 @@ def builds() -> list[cc.KernelBuild]:
     out = []
     for name, spec in SPECS:
         for dtype in DTYPES if name == "llama-h128" else (spec.dtype,):
-            s = AttentionSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim, dtype,
-                              spec.block_size, spec.scale, spec.sliding_window)
-            out += cc.attention_builds(s, tuning.attention_tuning(s), f"{name},{cc.TRITON_TYPES[dtype]}")
+            s = AttentionSpec(
+                spec.num_heads,
+                spec.num_kv_heads,
+                spec.head_dim,
+                dtype,
+                spec.block_size,
+                spec.scale,
+                spec.sliding_window,
+            )
+            out += cc.attention_builds(
+                s, tuning.attention_tuning(s), f"{name},{cc.TRITON_TYPES[dtype]}"
+            )
     for dtype in DTYPES:
         out += rms_norm_builds(4096, dtype)
     out += rms_norm_builds(16384, torch.bfloat16)  # wider than a block: the two-pass path
@@ -94,13 +139,19 @@ def builds() -> list[cc.KernelBuild]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", action="append", help="AMD GPU architecture, e.g. gfx942 (repeatable)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--arch", action="append", help="AMD GPU architecture, e.g. gfx942 (repeatable)"
+    )
     args = parser.parse_args(argv)
     for arch in args.arch or ["gfx942"]:
         for record in cc.compile_builds(builds(), GPUTarget("hip", arch, tuning.WARP_SIZE)):
-            print(f"{record['target']:11} {record['kernel']:45} {'+'.join(record['stages']):13} "
-                  f"shared {record['shared_bytes']} B")
+            print(
+                f"{record['target']:11} {record['kernel']:45} {'+'.join(record['stages']):13} "
+                f"shared {record['shared_bytes']} B"
+            )
     return 0
 
 

@@ -57,7 +57,9 @@ def octavo_platform_detect() -> PlatformInfo:
     if why is not None:
         return PlatformInfo(NAME, "rocm", False, PRIORITY, why)
     count = torch.cuda.device_count()
-    return PlatformInfo(NAME, "rocm", True, PRIORITY, f"{count} ROCm device(s), HIP {torch.version.hip}")
+    return PlatformInfo(
+        NAME, "rocm", True, PRIORITY, f"{count} ROCm device(s), HIP {torch.version.hip}"
+    )
 
 
 @hookimpl

@@ -24,9 +24,19 @@ from octavo_triton.tuning import SamplerTuning
 
 @triton.jit
 def split_candidates_kernel(
-    greedy_val_ptr, greedy_idx_ptr, race_val_ptr, race_idx_ptr,
-    logits_ptr, noise_ptr, temperature_ptr, stride_logits, stride_noise, vocab_size, split_size,
-    ALL_GREEDY: tl.constexpr, BLOCK_V: tl.constexpr,
+    greedy_val_ptr,
+    greedy_idx_ptr,
+    race_val_ptr,
+    race_idx_ptr,
+    logits_ptr,
+    noise_ptr,
+    temperature_ptr,
+    stride_logits,
+    stride_noise,
+    vocab_size,
+    split_size,
+    ALL_GREEDY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     """Grid ``(R, splits)``: the best greedy and race candidate of one vocabulary slice."""
     row = tl.program_id(0).to(tl.int64)
@@ -64,8 +74,14 @@ def split_candidates_kernel(
 
 @triton.jit
 def pick_winner_kernel(
-    out_ptr, greedy_val_ptr, greedy_idx_ptr, race_val_ptr, race_idx_ptr, temperature_ptr,
-    num_splits, SPLITS_PAD: tl.constexpr,
+    out_ptr,
+    greedy_val_ptr,
+    greedy_idx_ptr,
+    race_val_ptr,
+    race_idx_ptr,
+    temperature_ptr,
+    num_splits,
+    SPLITS_PAD: tl.constexpr,
 ):
     """Grid ``(R,)``: the row's token from its slices' candidates (earliest slice on ties)."""
     row = tl.program_id(0).to(tl.int64)
@@ -82,7 +98,9 @@ def pick_winner_kernel(
     tl.store(out_ptr + row, tl.where(temperature > 0.0, drawn, greedy).to(tl.int64))
 
 
-def make_sampler(vocab_size: int, tuning: SamplerTuning, min_split: int = 8192, max_splits: int = 64):
+def make_sampler(
+    vocab_size: int, tuning: SamplerTuning, min_split: int = 8192, max_splits: int = 64
+):
     """Return ``fn(logits [R, V], metadata) -> token ids [R] int64`` (the hook's contract):
     split-vocabulary for unfiltered batches, the shared filtering kernel otherwise."""
     filtering = make_filtering_sampler(vocab_size, tuning)
@@ -106,13 +124,29 @@ def make_sampler(vocab_size: int, tuning: SamplerTuning, min_split: int = 8192, 
         vals = torch.empty(2, num_rows, splits, dtype=torch.float32, device=logits.device)
         idxs = torch.empty(2, num_rows, splits, dtype=torch.int32, device=logits.device)
         split_candidates_kernel[(num_rows, splits)](
-            vals[0], idxs[0], vals[1], idxs[1], logits, noise, temperature,
-            logits.stride(0), noise.stride(0), vocab, split_size,
-            ALL_GREEDY=metadata.all_greedy, BLOCK_V=min(tuning.block_v, next_power_of_2(split_size)),
+            vals[0],
+            idxs[0],
+            vals[1],
+            idxs[1],
+            logits,
+            noise,
+            temperature,
+            logits.stride(0),
+            noise.stride(0),
+            vocab,
+            split_size,
+            ALL_GREEDY=metadata.all_greedy,
+            BLOCK_V=min(tuning.block_v, next_power_of_2(split_size)),
             **launch,
         )
         pick_winner_kernel[(num_rows,)](
-            out, vals[0], idxs[0], vals[1], idxs[1], temperature, splits,
+            out,
+            vals[0],
+            idxs[0],
+            vals[1],
+            idxs[1],
+            temperature,
+            splits,
             SPLITS_PAD=max(2, next_power_of_2(splits)),
         )
         return out

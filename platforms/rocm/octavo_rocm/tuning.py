@@ -16,7 +16,9 @@ NUM_COMPUTE_UNITS = 304  # MI300X; the persistent RMSNorm grid
 
 # Split-KV below about two programs per compute unit (MI300X: 304). Not yet measured on a GPU.
 _SPLIT_KV = dict(split_kv_segment_len=512, split_kv_max_segments=16, split_kv_max_programs=608)
-_ATTENTION = AttentionTuning(block_m=16, tile_n=64, num_warps=4, num_stages=2, pv_precision="bf16x3", **_SPLIT_KV)
+_ATTENTION = AttentionTuning(
+    block_m=16, tile_n=64, num_warps=4, num_stages=2, pv_precision="bf16x3", **_SPLIT_KV
+)
 _ATTENTION_WIDE_HEADS = AttentionTuning(
     block_m=16, tile_n=32, num_warps=4, num_stages=1, pv_precision="bf16x3", **_SPLIT_KV
 )

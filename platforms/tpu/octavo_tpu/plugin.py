@@ -27,7 +27,9 @@ def _why_unavailable() -> str | None:
         return "jax is not installed (pip install octavo[tpu])"
     if importlib.util.find_spec("libtpu") is None:
         return "libtpu is not installed: no TPU runtime (pip install 'jax[tpu]')"
-    if not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or os.environ.get("TPU_NAME")):
+    if not (
+        glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or os.environ.get("TPU_NAME")
+    ):
         return "no TPU device found (/dev/accel* or /dev/vfio/*)"
     return None
 
@@ -53,7 +55,9 @@ def octavo_platform_capabilities(platform):
 
 
 def _pending(kernel: str):
-    raise kernel_pending(NAME, kernel, "the Pallas kernels and JAX model runner land with the tpu issue")
+    raise kernel_pending(
+        NAME, kernel, "the Pallas kernels and JAX model runner land with the tpu issue"
+    )
 
 
 @hookimpl

@@ -6,7 +6,11 @@ import torch
 import triton
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata, AttentionSpec
-from octavo_triton.attention_kernels import merge_segments_kernel, unified_attention_kernel, write_kv_kernel
+from octavo_triton.attention_kernels import (
+    merge_segments_kernel,
+    unified_attention_kernel,
+    write_kv_kernel,
+)
 from octavo_triton.runtime import interpreting, next_power_of_2, upcast_loads
 from octavo_triton.tuning import AttentionTuning
 
@@ -18,8 +22,12 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def write_kv(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    tokens_per_program: int = 1, interpret: bool | None = None,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    tokens_per_program: int = 1,
+    interpret: bool | None = None,
 ) -> None:
     """Store the new tokens' K/V at ``slot_mapping`` (``-1`` skips) in the default layout."""
     num_slots = slot_mapping.shape[0]
@@ -29,13 +37,29 @@ def write_kv(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     write_kv_kernel[(triton.cdiv(num_slots, tokens_per_program),)](
-        key, value, k_cache, v_cache, slot_mapping, num_slots,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        HEADS_PAD=next_power_of_2(num_kv_heads), HEAD_DIM_PAD=next_power_of_2(head_dim),
-        BLOCK_T=tokens_per_program, EMULATE_BF16=key.dtype != kv_cache.dtype and upcast_loads(kv_cache.dtype),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        num_slots,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        HEADS_PAD=next_power_of_2(num_kv_heads),
+        HEAD_DIM_PAD=next_power_of_2(head_dim),
+        BLOCK_T=tokens_per_program,
+        EMULATE_BF16=key.dtype != kv_cache.dtype and upcast_loads(kv_cache.dtype),
     )
 
 
@@ -75,7 +99,9 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Write the new K/V through ``slot_mapping``, then attend through ``block_table``."""
-        write_kv(key, value, kv_cache, metadata.slot_mapping, self.tuning.kv_write_tokens, self.interpret)
+        write_kv(
+            key, value, kv_cache, metadata.slot_mapping, self.tuning.kv_write_tokens, self.interpret
+        )
         out = torch.zeros_like(query)
         num_reqs = metadata.num_reqs
         if num_reqs == 0 or query.shape[0] == 0:
@@ -84,23 +110,34 @@ class TritonAttentionBackend(AttentionBackend):
         self._launch(out, query, kv_cache, metadata, num_reqs)
         return out
 
-    def kernel_constexprs(self, query_dtype: torch.dtype, kv_dtype: torch.dtype, block_size: int) -> dict:
+    def kernel_constexprs(
+        self, query_dtype: torch.dtype, kv_dtype: torch.dtype, block_size: int
+    ) -> dict:
         """The attention kernel's compile-time arguments for these dtypes (also what the
         compilation checks build); worked out once per combination."""
         key = (query_dtype, kv_dtype, block_size)
         if key not in self._constexprs:
-            upcast = (upcast_loads(query_dtype, self.interpret) or upcast_loads(kv_dtype, self.interpret)
-                      or query_dtype != kv_dtype)
+            upcast = (
+                upcast_loads(query_dtype, self.interpret)
+                or upcast_loads(kv_dtype, self.interpret)
+                or query_dtype != kv_dtype
+            )
             pv_precision = self.tuning.pv_precision
             if pv_precision == "low" and (upcast or kv_dtype not in _LOW_PRECISION):
                 pv_precision = "ieee"
             if self.interpret and pv_precision != "low":
                 pv_precision = "ieee"  # the interpreter multiplies exactly and knows no bf16x3
             self._constexprs[key] = dict(
-                GQA=self.gqa, SLIDING_WINDOW=self.sliding_window, BLOCK_SIZE=block_size,
-                HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-                BLOCK_M=self.block_m, BLOCK_Q=self.block_q, TILE_N=self.tuning.tile_n,
-                UPCAST=upcast, PV_PRECISION=pv_precision,
+                GQA=self.gqa,
+                SLIDING_WINDOW=self.sliding_window,
+                BLOCK_SIZE=block_size,
+                HEAD_DIM=self.spec.head_dim,
+                HEAD_DIM_PAD=self.head_dim_pad,
+                BLOCK_M=self.block_m,
+                BLOCK_Q=self.block_q,
+                TILE_N=self.tuning.tile_n,
+                UPCAST=upcast,
+                PV_PRECISION=pv_precision,
             )
         return self._constexprs[key]
 
@@ -113,7 +150,10 @@ class TritonAttentionBackend(AttentionBackend):
         programs = (num_tokens // self.block_q + metadata.num_reqs) * self.spec.num_kv_heads
         if programs >= t.split_kv_max_programs:
             return 1
-        return max(1, min(t.split_kv_max_segments, triton.cdiv(metadata.max_seq_len, t.split_kv_segment_len)))
+        return max(
+            1,
+            min(t.split_kv_max_segments, triton.cdiv(metadata.max_seq_len, t.split_kv_segment_len)),
+        )
 
     def _launch(self, out, query, kv_cache, metadata: AttentionMetadata, num_reqs: int) -> None:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -133,21 +173,48 @@ class TritonAttentionBackend(AttentionBackend):
             partial = maxima = sums = out  # unused
         grid = (num_tokens // self.block_q + num_reqs, self.spec.num_kv_heads, segments)
         unified_attention_kernel[grid](
-            out, query, k_cache, v_cache,
-            block_table, metadata.seq_lens, metadata.query_start_loc,
-            float(self.spec.scale), num_reqs,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            partial, maxima, sums, max(segment_len, 1),
-            **self.kernel_constexprs(query.dtype, kv_cache.dtype, k_cache.shape[1]), NUM_SEGMENTS=segments,
+            out,
+            query,
+            k_cache,
+            v_cache,
+            block_table,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            float(self.spec.scale),
+            num_reqs,
+            query.stride(0),
+            query.stride(1),
+            out.stride(0),
+            out.stride(1),
+            block_table.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            partial,
+            maxima,
+            sums,
+            max(segment_len, 1),
+            **self.kernel_constexprs(query.dtype, kv_cache.dtype, k_cache.shape[1]),
+            NUM_SEGMENTS=segments,
             **self.launch_options,
         )
         if segments > 1:
             merge_segments_kernel[(num_tokens, num_heads)](
-                out, partial, maxima, sums, metadata.query_start_loc, num_reqs, num_heads,
-                out.stride(0), out.stride(1),
-                NUM_SEGMENTS=segments, SEGMENTS_PAD=max(2, next_power_of_2(segments)),
-                HEAD_DIM=self.spec.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+                out,
+                partial,
+                maxima,
+                sums,
+                metadata.query_start_loc,
+                num_reqs,
+                num_heads,
+                out.stride(0),
+                out.stride(1),
+                NUM_SEGMENTS=segments,
+                SEGMENTS_PAD=max(2, next_power_of_2(segments)),
+                HEAD_DIM=self.spec.head_dim,
+                HEAD_DIM_PAD=self.head_dim_pad,
                 EMULATE=upcast_loads(out.dtype, self.interpret),
             )

@@ -16,12 +16,28 @@ from octavo_triton.numerics import narrow
 
 @triton.jit
 def write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, num_slots,
-    stride_key_tok, stride_key_head, stride_value_tok, stride_value_head,
-    stride_kc_block, stride_kc_slot, stride_kc_head,
-    stride_vc_block, stride_vc_slot, stride_vc_head,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    num_slots,
+    stride_key_tok,
+    stride_key_head,
+    stride_value_tok,
+    stride_value_head,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
     """``BLOCK_T`` new tokens per program: copy their K and V (all KV heads) to their slots;
@@ -60,12 +76,30 @@ def find_request(query_start_loc_ptr, num_reqs, pid, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def attend_tile(
-    q, m_i, l_i, acc, q_pos, tile_start, kv_end,
-    k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, scale,
-    stride_kc_block, stride_kc_slot, stride_kc_head,
-    stride_vc_block, stride_vc_slot, stride_vc_head,
-    SLIDING_WINDOW: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, TILE_N: tl.constexpr, UPCAST: tl.constexpr,
+    q,
+    m_i,
+    l_i,
+    acc,
+    q_pos,
+    tile_start,
+    kv_end,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    kv_head,
+    scale,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    SLIDING_WINDOW: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr,
     PV_PRECISION: tl.constexpr,
 ):
     """One online-softmax step over context positions ``tile_start .. tile_start + TILE_N``."""
@@ -75,7 +109,9 @@ def attend_tile(
     d_ok = dims < HEAD_DIM
     block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
     offset = k_pos % BLOCK_SIZE
-    k_ptr = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + kv_head * stride_kc_head
+    k_ptr = (
+        k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + kv_head * stride_kc_head
+    )
     k = tl.load(k_ptr[None, :] + dims[:, None], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
@@ -89,7 +125,9 @@ def attend_tile(
     p = tl.exp(s - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v_ptr = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + kv_head * stride_vc_head
+    v_ptr = (
+        v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + kv_head * stride_vc_head
+    )
     v = tl.load(v_ptr[:, None] + dims[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         v = v.to(tl.float32)
@@ -102,17 +140,41 @@ def attend_tile(
 
 @triton.jit
 def unified_attention_kernel(
-    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-    block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale, num_reqs,
-    stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_req,
-    stride_kc_block, stride_kc_slot, stride_kc_head,
-    stride_vc_block, stride_vc_slot, stride_vc_head,
-    partial_ptr, max_ptr, sum_ptr, segment_len,
-    GQA: tl.constexpr, SLIDING_WINDOW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    UPCAST: tl.constexpr, PV_PRECISION: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    scale,
+    num_reqs,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_bt_req,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    partial_ptr,
+    max_ptr,
+    sum_ptr,
+    segment_len,
+    GQA: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PV_PRECISION: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
 ):
     """Grid ``(T // BLOCK_Q + R, num_kv_heads, NUM_SEGMENTS)``: a program takes up to ``BLOCK_Q``
     new tokens of one request and the ``GQA`` query heads of one KV head, and walks that
@@ -157,31 +219,70 @@ def unified_attention_kernel(
                 walk_end = tl.minimum(kv_end, (segment + 1) * segment_len)
         for tile_start in range(kv_start, walk_end, TILE_N):
             m_i, l_i, acc = attend_tile(
-                q, m_i, l_i, acc, q_pos, tile_start, walk_end,
-                k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, scale,
-                stride_kc_block, stride_kc_slot, stride_kc_head,
-                stride_vc_block, stride_vc_slot, stride_vc_head,
-                SLIDING_WINDOW, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, TILE_N, UPCAST, PV_PRECISION,
+                q,
+                m_i,
+                l_i,
+                acc,
+                q_pos,
+                tile_start,
+                walk_end,
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_row_ptr,
+                kv_head,
+                scale,
+                stride_kc_block,
+                stride_kc_slot,
+                stride_kc_head,
+                stride_vc_block,
+                stride_vc_slot,
+                stride_vc_head,
+                SLIDING_WINDOW,
+                BLOCK_SIZE,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                TILE_N,
+                UPCAST,
+                PV_PRECISION,
             )
         if NUM_SEGMENTS > 1:
             # partials [T, H, S, HEAD_DIM_PAD], maxima and sums [T, H, S]
-            slot = ((q_start + tok) * (tl.num_programs(1) * GQA) + head) * NUM_SEGMENTS + tl.program_id(2)
+            slot = (
+                (q_start + tok) * (tl.num_programs(1) * GQA) + head
+            ) * NUM_SEGMENTS + tl.program_id(2)
             tl.store(max_ptr + slot, m_i, mask=row_ok)
             tl.store(sum_ptr + slot, l_i, mask=row_ok)
-            tl.store(partial_ptr + slot[:, None] * HEAD_DIM_PAD + dims[None, :], acc, mask=row_ok[:, None])
+            tl.store(
+                partial_ptr + slot[:, None] * HEAD_DIM_PAD + dims[None, :],
+                acc,
+                mask=row_ok[:, None],
+            )
         else:
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             o_off = (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head
-            tl.store(out_ptr + o_off + dims[None, :], narrow(out, out_ptr.dtype.element_ty, UPCAST),
-                     mask=row_ok[:, None] & d_ok[None, :])
+            tl.store(
+                out_ptr + o_off + dims[None, :],
+                narrow(out, out_ptr.dtype.element_ty, UPCAST),
+                mask=row_ok[:, None] & d_ok[None, :],
+            )
 
 
 @triton.jit
 def merge_segments_kernel(
-    out_ptr, partial_ptr, max_ptr, sum_ptr, query_start_loc_ptr, num_reqs, num_heads,
-    stride_o_tok, stride_o_head,
-    NUM_SEGMENTS: tl.constexpr, SEGMENTS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, EMULATE: tl.constexpr,
+    out_ptr,
+    partial_ptr,
+    max_ptr,
+    sum_ptr,
+    query_start_loc_ptr,
+    num_reqs,
+    num_heads,
+    stride_o_tok,
+    stride_o_head,
+    NUM_SEGMENTS: tl.constexpr,
+    SEGMENTS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """Grid ``(T, num_heads)``: one token's head from its segments' partial softmax results
     (rescaled to the largest maximum); padding tokens are left alone."""
@@ -196,8 +297,15 @@ def merge_segments_kernel(
         m_max = tl.max(m, axis=0)
         weight = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
         dims = tl.arange(0, HEAD_DIM_PAD)
-        acc = tl.load(partial_ptr + slot[:, None] * HEAD_DIM_PAD + dims[None, :], mask=s_ok[:, None], other=0.0)
+        acc = tl.load(
+            partial_ptr + slot[:, None] * HEAD_DIM_PAD + dims[None, :],
+            mask=s_ok[:, None],
+            other=0.0,
+        )
         total = tl.sum(l * weight, axis=0)
         out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
-        tl.store(out_ptr + token * stride_o_tok + head * stride_o_head + dims,
-                 narrow(out, out_ptr.dtype.element_ty, EMULATE), mask=dims < HEAD_DIM)
+        tl.store(
+            out_ptr + token * stride_o_tok + head * stride_o_head + dims,
+            narrow(out, out_ptr.dtype.element_ty, EMULATE),
+            mask=dims < HEAD_DIM,
+        )

@@ -19,8 +19,15 @@ from octavo_triton.tuning import RowTuning
 
 @triton.jit
 def apply_bitmask_kernel(
-    logits_ptr, bitmask_ptr, indices_ptr, stride_logits, stride_bitmask, vocab_size, num_words,
-    HAS_INDICES: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    bitmask_ptr,
+    indices_ptr,
+    stride_logits,
+    stride_bitmask,
+    vocab_size,
+    num_words,
+    HAS_INDICES: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Grid ``(bitmask rows, cdiv(vocab, BLOCK))``: one vocabulary chunk of one row."""
     mask_row = tl.program_id(0)
@@ -33,7 +40,9 @@ def apply_bitmask_kernel(
     in_vocab = (tokens < vocab_size) & (words < num_words)
     word = tl.load(bitmask_ptr + mask_row * stride_bitmask + words, mask=in_vocab, other=-1)
     allowed = ((word >> (tokens % 32)) & 1) != 0
-    tl.store(logits_ptr + logits_row * stride_logits + tokens, float("-inf"), mask=in_vocab & ~allowed)
+    tl.store(
+        logits_ptr + logits_row * stride_logits + tokens, float("-inf"), mask=in_vocab & ~allowed
+    )
 
 
 def make_apply_token_bitmask(tuning: RowTuning = RowTuning()):
@@ -54,8 +63,16 @@ def make_apply_token_bitmask(tuning: RowTuning = RowTuning()):
         bitmask = bitmask.to(device=logits.device, dtype=torch.int32).contiguous()
         idx = bitmask if indices is None else indices.to(device=logits.device, dtype=torch.int64)
         apply_bitmask_kernel[(rows, triton.cdiv(vocab, block))](
-            logits, bitmask, idx, logits.stride(0), bitmask.stride(0), vocab, num_words,
-            HAS_INDICES=indices is not None, BLOCK=block, **launch,
+            logits,
+            bitmask,
+            idx,
+            logits.stride(0),
+            bitmask.stride(0),
+            vocab,
+            num_words,
+            HAS_INDICES=indices is not None,
+            BLOCK=block,
+            **launch,
         )
 
     return apply_token_bitmask

@@ -31,11 +31,30 @@ def e4m3_bytes_to_fp16(byte):
 
 @triton.jit
 def scaled_mm_kernel(
-    out_ptr, a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
-    PER_TOKEN_A: tl.constexpr, PER_CHANNEL_B: tl.constexpr, HAS_BIAS: tl.constexpr,
-    WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EMULATE: tl.constexpr,
+    out_ptr,
+    a_ptr,
+    b_ptr,
+    scale_a_ptr,
+    scale_b_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_om,
+    stride_on,
+    PER_TOKEN_A: tl.constexpr,
+    PER_CHANNEL_B: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WIDEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """One ``BLOCK_M x BLOCK_N`` output tile; tiles are visited in groups of ``GROUP_M`` rows
     of tiles so neighbouring programs share operand tiles in L2."""
@@ -53,10 +72,16 @@ def scaled_mm_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + ks < K
-        a = tl.load(a_ptr + rows[:, None] * stride_am + (k0 + ks)[None, :] * stride_ak,
-                    mask=(rows < M)[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptr + (k0 + ks)[:, None] * stride_bk + cols[None, :] * stride_bn,
-                    mask=k_ok[:, None] & (cols < N)[None, :], other=0.0)
+        a = tl.load(
+            a_ptr + rows[:, None] * stride_am + (k0 + ks)[None, :] * stride_ak,
+            mask=(rows < M)[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + (k0 + ks)[:, None] * stride_bk + cols[None, :] * stride_bn,
+            mask=k_ok[:, None] & (cols < N)[None, :],
+            other=0.0,
+        )
         if WIDEN:
             a = e4m3_bytes_to_fp16(a)
             b = e4m3_bytes_to_fp16(b)
@@ -73,8 +98,11 @@ def scaled_mm_kernel(
         acc = acc * tl.load(scale_b_ptr)
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
-             narrow(acc, out_ptr.dtype.element_ty, EMULATE), mask=(rows < M)[:, None] & (cols < N)[None, :])
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
+        narrow(acc, out_ptr.dtype.element_ty, EMULATE),
+        mask=(rows < M)[:, None] & (cols < N)[None, :],
+    )
 
 
 def make_scaled_mm(tuning: MatmulTuning = MatmulTuning(), widen: bool = False):
@@ -82,8 +110,14 @@ def make_scaled_mm(tuning: MatmulTuning = MatmulTuning(), widen: bool = False):
     interpret = interpreting()
     launch = {} if interpret else {"num_warps": tuning.num_warps, "num_stages": tuning.num_stages}
 
-    def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  out_dtype: torch.dtype, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def scaled_mm(
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scale_a: torch.Tensor,
+        scale_b: torch.Tensor,
+        out_dtype: torch.dtype,
+        bias: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """``(a @ b) * scale_a * scale_b (+ bias)``, float32 accumulation, in ``out_dtype``."""
         (M, K), (K2, N) = a.shape, b.shape
         if K != K2:
@@ -93,17 +127,39 @@ def make_scaled_mm(tuning: MatmulTuning = MatmulTuning(), widen: bool = False):
             return out
         if widen:
             if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
-                raise ValueError(f"widened scaled_mm takes float8_e4m3fn operands, not {a.dtype}/{b.dtype}")
+                raise ValueError(
+                    f"widened scaled_mm takes float8_e4m3fn operands, not {a.dtype}/{b.dtype}"
+                )
             a, b = a.view(torch.uint8), b.view(torch.uint8)
         scale_a = scale_a.float().reshape(-1).contiguous()
         scale_b = scale_b.float().reshape(-1).contiguous()
         grid = (triton.cdiv(M, tuning.block_m) * triton.cdiv(N, tuning.block_n),)
         scaled_mm_kernel[grid](
-            out, a, b, scale_a, scale_b, bias if bias is not None else scale_b, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-            PER_TOKEN_A=scale_a.numel() > 1, PER_CHANNEL_B=scale_b.numel() > 1,
-            HAS_BIAS=bias is not None, WIDEN=widen, BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n,
-            BLOCK_K=tuning.block_k, GROUP_M=tuning.group_m, EMULATE=interpret, **launch,
+            out,
+            a,
+            b,
+            scale_a,
+            scale_b,
+            bias if bias is not None else scale_b,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            out.stride(1),
+            PER_TOKEN_A=scale_a.numel() > 1,
+            PER_CHANNEL_B=scale_b.numel() > 1,
+            HAS_BIAS=bias is not None,
+            WIDEN=widen,
+            BLOCK_M=tuning.block_m,
+            BLOCK_N=tuning.block_n,
+            BLOCK_K=tuning.block_k,
+            GROUP_M=tuning.group_m,
+            EMULATE=interpret,
+            **launch,
         )
         return out
 
@@ -111,8 +167,18 @@ def make_scaled_mm(tuning: MatmulTuning = MatmulTuning(), widen: bool = False):
 
 
 @triton.jit
-def per_token_quant_kernel(q_ptr, scale_ptr, x_ptr, K, stride_x, stride_q, fp8_max, min_scale,
-                           BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+def per_token_quant_kernel(
+    q_ptr,
+    scale_ptr,
+    x_ptr,
+    K,
+    stride_x,
+    stride_q,
+    fp8_max,
+    min_scale,
+    BLOCK_K: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
     """One row: ``scale = max(amax(|x|) / fp8_max, min_scale)``, ``q = clamp(x / scale)``."""
     row = tl.program_id(0).to(tl.int64)
     amax = tl.zeros([], tl.float32)
@@ -126,7 +192,9 @@ def per_token_quant_kernel(q_ptr, scale_ptr, x_ptr, K, stride_x, stride_q, fp8_m
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_x + ks, mask=ks < K, other=0.0).to(tl.float32)
         q = tl.clamp(x / scale, -fp8_max, fp8_max)
-        tl.store(q_ptr + row * stride_q + ks, narrow(q, q_ptr.dtype.element_ty, EMULATE), mask=ks < K)
+        tl.store(
+            q_ptr + row * stride_q + ks, narrow(q, q_ptr.dtype.element_ty, EMULATE), mask=ks < K
+        )
 
 
 def make_per_token_quant(fp8_dtype: torch.dtype = torch.float8_e4m3fn, block_k: int = 2048):
@@ -144,8 +212,16 @@ def make_per_token_quant(fp8_dtype: torch.dtype = torch.float8_e4m3fn, block_k: 
         scale = torch.empty(M, 1, dtype=torch.float32, device=x.device)
         if M:
             per_token_quant_kernel[(M,)](
-                q, scale, x2, K, x2.stride(0), q.stride(0), fp8_max, min_scale,
-                BLOCK_K=min(block_k, next_power_of_2(K)), EMULATE=interpret,
+                q,
+                scale,
+                x2,
+                K,
+                x2.stride(0),
+                q.stride(0),
+                fp8_max,
+                min_scale,
+                BLOCK_K=min(block_k, next_power_of_2(K)),
+                EMULATE=interpret,
             )
         return q, scale
 

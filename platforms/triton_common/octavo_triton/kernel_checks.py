@@ -32,12 +32,16 @@ class AttentionCase:
 
 
 SPLIT_KV_CASES = (
-    AttentionCase("decodes-long-contexts", (1, 1, 1), (150, 37, 90), 8, 2, 32, 16, num_pad_tokens=2),
+    AttentionCase(
+        "decodes-long-contexts", (1, 1, 1), (150, 37, 90), 8, 2, 32, 16, num_pad_tokens=2
+    ),
     AttentionCase("short-chunks-sliding-window", (2, 1), (120, 70), 4, 1, 16, 8, sliding_window=50),
 )
 
 ATTENTION_CASES = (
-    AttentionCase("mixed-prefill-decode", (1, 5, 1, 7), (9, 0, 20, 3), 4, 2, 32, 8, num_pad_tokens=2),
+    AttentionCase(
+        "mixed-prefill-decode", (1, 5, 1, 7), (9, 0, 20, 3), 4, 2, 32, 8, num_pad_tokens=2
+    ),
     AttentionCase("decodes-gqa4-odd-head-dim", (1, 1, 1), (15, 33, 0), 8, 2, 24, 16),
     AttentionCase("prefill-mha", (12,), (0,), 2, 2, 16, 8),
     AttentionCase("chunk-spans-query-blocks", (13, 1), (37, 64), 4, 1, 32, 16),
@@ -51,22 +55,44 @@ def check_attention(backend_for, device, dtype: torch.dtype, case: AttentionCase
     the KV cache exactly as the reference does and returns the reference's output (within an
     ulp in 16-bit dtypes)."""
     spec = AttentionSpec(
-        case.num_heads, case.num_kv_heads, case.head_dim, dtype, case.block_size,
-        case.head_dim**-0.5, case.sliding_window,
+        case.num_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        dtype,
+        case.block_size,
+        case.head_dim**-0.5,
+        case.sliding_window,
     )
     backend = backend_for(spec)
     batch = random_paged_batch(
-        case.query_lens, case.context_lens, case.num_heads, case.num_kv_heads, case.head_dim,
-        case.block_size, dtype, case.num_pad_tokens, seed,
+        case.query_lens,
+        case.context_lens,
+        case.num_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        case.block_size,
+        dtype,
+        case.num_pad_tokens,
+        seed,
     )
     assert backend.kv_cache_shape(batch.kv_cache.shape[1]) == tuple(batch.kv_cache.shape)
     ref_cache = batch.kv_cache.clone()
     expected = reference.paged_attention(
-        batch.query, batch.key, batch.value, ref_cache, batch.metadata, spec.scale, spec.sliding_window
+        batch.query,
+        batch.key,
+        batch.value,
+        ref_cache,
+        batch.metadata,
+        spec.scale,
+        spec.sliding_window,
     )
     on_device = to_device(batch, device)
-    out = backend.forward(on_device.query, on_device.key, on_device.value, on_device.kv_cache, on_device.metadata)
-    assert torch.equal(on_device.kv_cache.cpu(), ref_cache), "KV cache differs from the reference's write"
+    out = backend.forward(
+        on_device.query, on_device.key, on_device.value, on_device.kv_cache, on_device.metadata
+    )
+    assert torch.equal(on_device.kv_cache.cpu(), ref_cache), (
+        "KV cache differs from the reference's write"
+    )
     assert_close(out, expected)
 
 
@@ -78,16 +104,24 @@ def check_attention_strided_query(platform: Platform, device, dtype: torch.dtype
     q, k, v = fused.to(device).split([4 * 32, 2 * 32, 2 * 32], dim=1)
     spec = AttentionSpec(4, 2, 32, dtype, 8, 32**-0.5)
     ref_cache = batch.kv_cache.clone()
-    expected = reference.paged_attention(batch.query, batch.key, batch.value, ref_cache, batch.metadata, spec.scale)
+    expected = reference.paged_attention(
+        batch.query, batch.key, batch.value, ref_cache, batch.metadata, spec.scale
+    )
     on_device = to_device(batch, device)
     out = platform.attention_backend(spec).forward(
-        q.view(-1, 4, 32), k.view(-1, 2, 32), v.view(-1, 2, 32), on_device.kv_cache, on_device.metadata
+        q.view(-1, 4, 32),
+        k.view(-1, 2, 32),
+        v.view(-1, 2, 32),
+        on_device.kv_cache,
+        on_device.metadata,
     )
     assert torch.equal(on_device.kv_cache.cpu(), ref_cache)
     assert_close(out, expected)
 
 
-def check_rms_norm(platform: Platform, device, dtype: torch.dtype, hidden: int, with_residual: bool):
+def check_rms_norm(
+    platform: Platform, device, dtype: torch.dtype, hidden: int, with_residual: bool
+):
     """RMSNorm (and the fused residual add) match the reference: the sum exactly, the
     normalised output within an ulp; leading dimensions are kept."""
     gen = torch.Generator().manual_seed(hidden)
@@ -117,12 +151,27 @@ class SamplingCase:
 
 
 SAMPLING_CASES = (
-    SamplingCase("all-filters-mixed", (0.0, 1.0, 0.7, 1.3, 1.0, 0.5), (0, 5, 0, 20, 3, 0),
-                 (1.0, 1.0, 0.8, 0.5, 1.0, 0.9), (0.0, 0.0, 0.0, 0.1, 0.2, 0.05), (None, 1, 2, 3, None, 5)),
+    SamplingCase(
+        "all-filters-mixed",
+        (0.0, 1.0, 0.7, 1.3, 1.0, 0.5),
+        (0, 5, 0, 20, 3, 0),
+        (1.0, 1.0, 0.8, 0.5, 1.0, 0.9),
+        (0.0, 0.0, 0.0, 0.1, 0.2, 0.05),
+        (None, 1, 2, 3, None, 5),
+    ),
     SamplingCase("top-k-only", (1.0, 0.8, 2.0), (1, 2, 10), (1.0,) * 3, (0.0,) * 3, (7, 8, 9)),
     SamplingCase("top-p-only", (1.0, 1.0, 0.6), (0,) * 3, (0.3, 0.95, 0.6), (0.0,) * 3, (4, 5, 6)),
-    SamplingCase("min-p-only", (1.0, 1.5, 0.9), (0,) * 3, (1.0,) * 3, (0.3, 0.05, 0.5), (1, 2, None)),
-    SamplingCase("temperature-only", (1.0, 0.5, 0.0, 2.0), (0,) * 4, (1.0,) * 4, (0.0,) * 4, (3, None, None, 4)),
+    SamplingCase(
+        "min-p-only", (1.0, 1.5, 0.9), (0,) * 3, (1.0,) * 3, (0.3, 0.05, 0.5), (1, 2, None)
+    ),
+    SamplingCase(
+        "temperature-only",
+        (1.0, 0.5, 0.0, 2.0),
+        (0,) * 4,
+        (1.0,) * 4,
+        (0.0,) * 4,
+        (3, None, None, 4),
+    ),
 )
 
 
@@ -130,7 +179,8 @@ def sampling_metadata(case: SamplingCase, device, seed: int) -> SamplingMetadata
     """The case's metadata on ``device``, with fresh generators seeded from ``seed``."""
     generators = {
         row: torch.Generator(device=device).manual_seed(1000 * seed + s)
-        for row, s in enumerate(case.seeds) if s is not None
+        for row, s in enumerate(case.seeds)
+        if s is not None
     }
     temperature = torch.tensor(case.temperature, device=device)
     return SamplingMetadata(
@@ -154,7 +204,9 @@ def random_logits(num_rows: int, vocab_size: int, device, seed: int = 0) -> torc
     return logits.to(device)
 
 
-def check_sampler(platform: Platform, device, case: SamplingCase, vocab_size: int = 64, seeds=(0, 1)):
+def check_sampler(
+    platform: Platform, device, case: SamplingCase, vocab_size: int = 64, seeds=(0, 1)
+):
     """Token for token what the reference samples from the same generators (the global
     generator is re-seeded alike for rows without a seed of their own)."""
     sampler = platform.sampler(vocab_size)
@@ -165,7 +217,9 @@ def check_sampler(platform: Platform, device, case: SamplingCase, vocab_size: in
         torch.manual_seed(seed)
         expected = reference.sample(logits, sampling_metadata(case, device, seed))
         assert got.dtype == torch.int64
-        assert got.tolist() == expected.tolist(), f"seed {seed}: {got.tolist()} != {expected.tolist()}"
+        assert got.tolist() == expected.tolist(), (
+            f"seed {seed}: {got.tolist()} != {expected.tolist()}"
+        )
 
 
 def check_greedy(platform: Platform, device, vocab_size: int = 300):
@@ -177,7 +231,9 @@ def check_greedy(platform: Platform, device, vocab_size: int = 300):
     assert got.tolist() == [3, int(logits[1].argmax()), vocab_size - 1]
 
 
-def check_bitmask(platform: Platform, device, dtype: torch.dtype, vocab_size: int, use_indices: bool):
+def check_bitmask(
+    platform: Platform, device, dtype: torch.dtype, vocab_size: int, use_indices: bool
+):
     """Disallowed logits become -inf in place, the others are untouched; ``indices`` routes
     bitmask rows to logits rows."""
     gen = torch.Generator().manual_seed(vocab_size)
@@ -188,7 +244,9 @@ def check_bitmask(platform: Platform, device, dtype: torch.dtype, vocab_size: in
     expected = logits.clone() if use_indices else logits[:3].clone()
     reference.apply_token_bitmask(expected, bitmask, indices)
     got = (logits if use_indices else logits[:3]).to(device)
-    platform.apply_token_bitmask()(got, bitmask.to(device), None if indices is None else indices.to(device))
+    platform.apply_token_bitmask()(
+        got, bitmask.to(device), None if indices is None else indices.to(device)
+    )
     assert torch.equal(got.cpu(), expected)
 
 
@@ -199,7 +257,9 @@ def check_sampler_ties_across_chunks(sampler, device, vocab_size: int = 96):
     logits = random_logits(4, vocab_size, device)
     ties = [5, 40, 70, 90]
     logits[:, ties] = 15.0
-    case = SamplingCase("ties", (1.0,) * 4, (2, 0, 3, 0), (1.0, 0.3, 1.0, 0.6), (0.0,) * 4, (1, 2, 3, 4))
+    case = SamplingCase(
+        "ties", (1.0,) * 4, (2, 0, 3, 0), (1.0, 0.3, 1.0, 0.6), (0.0,) * 4, (1, 2, 3, 4)
+    )
     drawn = {1: set(), 3: set()}
     for seed in range(2):
         got = sampler(logits, sampling_metadata(case, device, seed)).tolist()
@@ -216,9 +276,13 @@ def check_generation_matches_cpu(platform_name: str, model_dir, monkeypatch):
     from octavo import LLM, SamplingParams
     from octavo_triton import runtime
 
-    prompts = [[1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((37, 5, 21, 2))]
+    prompts = [
+        [1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((37, 5, 21, 2))
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    engine_args = dict(kv_cache_memory="2MiB", max_num_seqs=4, max_num_batched_tokens=24, dtype="float32")
+    engine_args = dict(
+        kv_cache_memory="2MiB", max_num_seqs=4, max_num_batched_tokens=24, dtype="float32"
+    )
 
     def generate(device: str) -> list[list[int]]:
         llm = LLM(str(model_dir), device=device, **engine_args)
@@ -247,8 +311,14 @@ def check_scaled_mm(scaled_mm, device, out_dtype: torch.dtype, fp8_dtype=torch.f
         for scale_a, scale_b in zip(scales_a, scales_b):
             for bias in (None, torch.randn(n, generator=gen).to(out_dtype)):
                 expected = reference.scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
-                got = scaled_mm(a.to(device), b.to(device), scale_a.to(device), scale_b.to(device),
-                                out_dtype, None if bias is None else bias.to(device))
+                got = scaled_mm(
+                    a.to(device),
+                    b.to(device),
+                    scale_a.to(device),
+                    scale_b.to(device),
+                    out_dtype,
+                    None if bias is None else bias.to(device),
+                )
                 assert got.dtype == out_dtype and got.shape == (m, n)
                 assert_close(got, expected)
 
@@ -280,6 +350,15 @@ def check_rejection_sampler(rejection_sample, device):
             counts, 37, seed, with_draft_probs, greedy_rows=(0, 4, 7)
         )
         expected = reference.rejection_sample(*case)
-        got = rejection_sample(ids.to(device), counts, None if draft is None else draft.to(device),
-                               target.to(device), temperature.to(device), uniforms.to(device), noise.to(device))
-        assert torch.equal(got.cpu(), expected), f"seed {seed}: {got.tolist()} != {expected.tolist()}"
+        got = rejection_sample(
+            ids.to(device),
+            counts,
+            None if draft is None else draft.to(device),
+            target.to(device),
+            temperature.to(device),
+            uniforms.to(device),
+            noise.to(device),
+        )
+        assert torch.equal(got.cpu(), expected), (
+            f"seed {seed}: {got.tolist()} != {expected.tolist()}"
+        )

@@ -26,11 +26,25 @@ from octavo_triton.tuning import SamplerTuning
 
 @triton.jit
 def rejection_sample_kernel(
-    out_ptr, draft_ptr, draft_probs_ptr, target_probs_ptr, target_argmax_ptr, cu_ptr,
-    temperature_ptr, uniforms_ptr, noise_ptr,
-    num_reqs, vocab_size, max_k, stride_out, stride_draft_probs, stride_target, stride_noise,
+    out_ptr,
+    draft_ptr,
+    draft_probs_ptr,
+    target_probs_ptr,
+    target_argmax_ptr,
+    cu_ptr,
+    temperature_ptr,
+    uniforms_ptr,
+    noise_ptr,
+    num_reqs,
+    vocab_size,
+    max_k,
+    stride_out,
+    stride_draft_probs,
+    stride_target,
+    stride_noise,
     HAS_DRAFT_PROBS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     reqs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     req_ok = reqs < num_reqs
@@ -50,7 +64,9 @@ def rejection_sample_kernel(
         argmax = tl.load(target_argmax_ptr + target_row, mask=live, other=-1)
         p = tl.load(target_probs_ptr + target_row * stride_target + token, mask=live, other=0.0)
         if HAS_DRAFT_PROBS:
-            q = tl.load(draft_probs_ptr + at.to(tl.int64) * stride_draft_probs + token, mask=live, other=1.0)
+            q = tl.load(
+                draft_probs_ptr + at.to(tl.int64) * stride_draft_probs + token, mask=live, other=1.0
+            )
         else:
             q = 1.0
         u = tl.load(uniforms_ptr + at, mask=live, other=1.0)
@@ -73,21 +89,35 @@ def rejection_sample_kernel(
     for v0 in range(0, vocab_size, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         mask = req_ok[:, None] & (offs < vocab_size)[None, :]
-        p = tl.load(target_probs_ptr + last_row[:, None] * stride_target + offs[None, :], mask=mask, other=0.0)
+        p = tl.load(
+            target_probs_ptr + last_row[:, None] * stride_target + offs[None, :],
+            mask=mask,
+            other=0.0,
+        )
         if HAS_DRAFT_PROBS:
-            q = tl.load(draft_probs_ptr + at[:, None] * stride_draft_probs + offs[None, :],
-                        mask=mask & rejected[:, None], other=0.0)
+            q = tl.load(
+                draft_probs_ptr + at[:, None] * stride_draft_probs + offs[None, :],
+                mask=mask & rejected[:, None],
+                other=0.0,
+            )
         else:
             q = tl.where(offs[None, :] == rejected_token[:, None], 1.0, 0.0)
         residual = tl.where(rejected[:, None], tl.maximum(p - q, 0.0), p)
         res_max = tl.maximum(res_max, tl.max(residual, axis=1))
-        noise = tl.load(noise_ptr + reqs.to(tl.int64)[:, None] * stride_noise + offs[None, :],
-                        mask=mask, other=1.0)
-        val, idx = tl.max(tl.where(mask, tl.math.div_rn(residual, noise), -1.0), axis=1, return_indices=True)
+        noise = tl.load(
+            noise_ptr + reqs.to(tl.int64)[:, None] * stride_noise + offs[None, :],
+            mask=mask,
+            other=1.0,
+        )
+        val, idx = tl.max(
+            tl.where(mask, tl.math.div_rn(residual, noise), -1.0), axis=1, return_indices=True
+        )
         better = val > best_res
         best_res_idx = tl.where(better, v0 + idx, best_res_idx)
         best_res = tl.where(better, val, best_res)
-        val, idx = tl.max(tl.where(mask, tl.math.div_rn(p, noise), -1.0), axis=1, return_indices=True)
+        val, idx = tl.max(
+            tl.where(mask, tl.math.div_rn(p, noise), -1.0), axis=1, return_indices=True
+        )
         better = val > best_p
         best_p_idx = tl.where(better, v0 + idx, best_p_idx)
         best_p = tl.where(better, val, best_p)
@@ -118,7 +148,11 @@ def make_rejection_sampler(tuning: SamplerTuning = SamplerTuning()):
         out = torch.full((num_reqs, max_k + 1), -1, dtype=torch.int64, device=device)
         if num_reqs == 0:
             return out
-        cu = torch.tensor([0] + counts, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device, non_blocking=True)
+        cu = (
+            torch.tensor([0] + counts, dtype=torch.int32)
+            .cumsum(0, dtype=torch.int32)
+            .to(device, non_blocking=True)
+        )
         target_probs = target_probs.float()
         if target_probs.stride(-1) != 1:
             target_probs = target_probs.contiguous()
@@ -134,14 +168,30 @@ def make_rejection_sampler(tuning: SamplerTuning = SamplerTuning()):
         drafts, uniforms = draft_token_ids.long(), uniforms.float()
         if drafts.numel() == 0:  # no drafts: nothing reads these, but the pointers must be real
             drafts, uniforms = out, target_probs
-        block_r = min(tuning.interpreter_block_r if interpret else tuning.block_r, next_power_of_2(num_reqs))
+        block_r = min(
+            tuning.interpreter_block_r if interpret else tuning.block_r, next_power_of_2(num_reqs)
+        )
         rejection_sample_kernel[(triton.cdiv(num_reqs, block_r),)](
-            out, drafts, draft_probs if has_draft_probs else target_probs, target_probs,
-            target_probs.argmax(-1), cu, temperature, uniforms, noise,
-            num_reqs, vocab, max_k, out.stride(0),
-            draft_probs.stride(0) if has_draft_probs else 0, target_probs.stride(0), noise.stride(0),
+            out,
+            drafts,
+            draft_probs if has_draft_probs else target_probs,
+            target_probs,
+            target_probs.argmax(-1),
+            cu,
+            temperature,
+            uniforms,
+            noise,
+            num_reqs,
+            vocab,
+            max_k,
+            out.stride(0),
+            draft_probs.stride(0) if has_draft_probs else 0,
+            target_probs.stride(0),
+            noise.stride(0),
             HAS_DRAFT_PROBS=has_draft_probs,
-            BLOCK_R=block_r, BLOCK_V=min(tuning.block_v, next_power_of_2(max(16, vocab))), **launch,
+            BLOCK_R=block_r,
+            BLOCK_V=min(tuning.block_v, next_power_of_2(max(16, vocab))),
+            **launch,
         )
         return out
 

@@ -20,9 +20,20 @@ from octavo_triton.tuning import RowTuning
 
 @triton.jit
 def rms_norm_kernel(
-    out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr,
-    stride_x, stride_r, stride_o, stride_ro, num_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
+    out_ptr,
+    residual_out_ptr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    num_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """``out[row] = weight * rms_norm(x[row] (+ residual[row]))``; the sum is stored too."""
     row = tl.program_id(0).to(tl.int64)
@@ -61,7 +72,9 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: RowTuning = RowTuning())
     """Return ``fn(x, weight, residual=None)`` for rows of ``hidden_size`` (the hook's contract)."""
     block = next_power_of_2(hidden_size)
     if block > tuning.max_block:
-        raise ValueError(f"hidden size {hidden_size} exceeds the RMSNorm kernel's {tuning.max_block}")
+        raise ValueError(
+            f"hidden size {hidden_size} exceeds the RMSNorm kernel's {tuning.max_block}"
+        )
     interpret = interpreting()
     launch = {} if interpret else {"num_warps": warps_for(block, tuning.warp_size)}
 
@@ -75,17 +88,42 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: RowTuning = RowTuning())
         if residual is None:
             if rows:
                 rms_norm_kernel[(rows,)](
-                    out, out, x2, x2, weight, x2.stride(0), 0, out.stride(0), 0, hidden_size, eps,
-                    HAS_RESIDUAL=False, UPCAST=upcast, BLOCK_N=block, **launch,
+                    out,
+                    out,
+                    x2,
+                    x2,
+                    weight,
+                    x2.stride(0),
+                    0,
+                    out.stride(0),
+                    0,
+                    hidden_size,
+                    eps,
+                    HAS_RESIDUAL=False,
+                    UPCAST=upcast,
+                    BLOCK_N=block,
+                    **launch,
                 )
             return out.view(shape)
         r2 = row_view(residual, hidden_size)
         summed = torch.empty(x2.shape, dtype=torch.result_type(x, residual), device=x.device)
         if rows:
             rms_norm_kernel[(rows,)](
-                out, summed, x2, r2, weight, x2.stride(0), r2.stride(0), out.stride(0),
-                summed.stride(0), hidden_size, eps,
-                HAS_RESIDUAL=True, UPCAST=upcast or upcast_loads(residual.dtype, interpret), BLOCK_N=block, **launch,
+                out,
+                summed,
+                x2,
+                r2,
+                weight,
+                x2.stride(0),
+                r2.stride(0),
+                out.stride(0),
+                summed.stride(0),
+                hidden_size,
+                eps,
+                HAS_RESIDUAL=True,
+                UPCAST=upcast or upcast_loads(residual.dtype, interpret),
+                BLOCK_N=block,
+                **launch,
             )
         return out.view(shape), summed.view(shape)
 

@@ -42,15 +42,24 @@ def make_sampler(vocab_size: int, tuning: SamplerTuning = SamplerTuning()):
         block_r = tuning.interpreter_block_r if interpret else tuning.block_r
         block_r = min(block_r, next_power_of_2(num_rows))
         sample_kernel[(triton.cdiv(num_rows, block_r),)](
-            out, logits, noise,
+            out,
+            logits,
+            noise,
             metadata.temperature.to(device=device, dtype=torch.float32),
             metadata.top_k.to(device=device, dtype=torch.int32),
             metadata.top_p.to(device=device, dtype=torch.float32),
             metadata.min_p.to(device=device, dtype=torch.float32),
-            num_rows, logits.stride(0), noise.stride(0), vocab,
-            ALL_GREEDY=metadata.all_greedy, USE_TOP_K=not metadata.no_top_k,
-            USE_TOP_P=not metadata.no_top_p, USE_MIN_P=not metadata.no_min_p,
-            BLOCK_R=block_r, BLOCK_V=block_v, **launch,
+            num_rows,
+            logits.stride(0),
+            noise.stride(0),
+            vocab,
+            ALL_GREEDY=metadata.all_greedy,
+            USE_TOP_K=not metadata.no_top_k,
+            USE_TOP_P=not metadata.no_top_p,
+            USE_MIN_P=not metadata.no_min_p,
+            BLOCK_R=block_r,
+            BLOCK_V=block_v,
+            **launch,
         )
         return out
 

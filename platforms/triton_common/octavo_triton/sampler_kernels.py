@@ -46,7 +46,9 @@ def row_argmax(row_ptrs, row_ok, vocab_size, BLOCK_R: tl.constexpr, BLOCK_V: tl.
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         mask = row_ok[:, None] & (offs < vocab_size)[None, :]
-        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.load(row_ptrs[:, None] + offs[None, :], mask=mask, other=float("-inf")).to(
+            tl.float32
+        )
         val, idx = tl.max(x, axis=1, return_indices=True)
         better = val > best_val
         best_idx = tl.where(better, start + idx, best_idx)
@@ -55,8 +57,9 @@ def row_argmax(row_ptrs, row_ok, vocab_size, BLOCK_R: tl.constexpr, BLOCK_V: tl.
 
 
 @triton.jit
-def top_k_key(row_ptrs, row_ok, vocab_size, temperature, k,
-              BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def top_k_key(
+    row_ptrs, row_ok, vocab_size, temperature, k, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr
+):
     """Each row's k-th largest key: the largest ``t`` with at least ``k`` keys ``>= t``."""
     lo = tl.full([BLOCK_R], INT32_MIN, tl.int64)
     hi = tl.full([BLOCK_R], INT32_MAX, tl.int64)
@@ -80,8 +83,17 @@ def top_k_key(row_ptrs, row_ok, vocab_size, temperature, k,
 
 
 @triton.jit
-def top_p_key(row_ptrs, row_ok, vocab_size, temperature, row_max, floor_key, target,
-              BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def top_p_key(
+    row_ptrs,
+    row_ok,
+    vocab_size,
+    temperature,
+    row_max,
+    floor_key,
+    target,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """Each row's smallest ``t >= floor_key`` whose strictly larger keys hold less than
     ``target`` mass (of ``exp(scaled - row_max)``)."""
     lo = floor_key
@@ -99,7 +111,9 @@ def top_p_key(row_ptrs, row_ok, vocab_size, temperature, row_max, floor_key, tar
             bits = x.to(tl.int32, bitcast=True)
             key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
             e = tl.exp(x - row_max[:, None])
-            masses += tl.sum(tl.where(key[:, :, None] > pivots[:, None, :], e[:, :, None], 0.0), axis=1)
+            masses += tl.sum(
+                tl.where(key[:, :, None] > pivots[:, None, :], e[:, :, None], 0.0), axis=1
+            )
         first = tl.min(tl.where(masses < target[:, None], j[None, :], FANOUT), axis=1)
         new_hi = tl.where(first < FANOUT, tl.minimum(lo + first * step, hi), hi)
         lo = tl.where(first > 0, tl.minimum(lo + (first - 1) * step, hi) + 1, lo)
@@ -108,8 +122,20 @@ def top_p_key(row_ptrs, row_ok, vocab_size, temperature, row_max, floor_key, tar
 
 
 @triton.jit
-def kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties, z_kept,
-              min_ratio, strict_cut: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def kept_mass(
+    row_ptrs,
+    row_ok,
+    vocab_size,
+    temperature,
+    row_max,
+    cut_key,
+    num_ties,
+    z_kept,
+    min_ratio,
+    strict_cut: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """Sum of ``exp(scaled - row_max)`` over each row's kept tokens: keys above ``cut_key``, the
     first ``num_ties`` (index order) equal to it, and probability ``e / z_kept >= min_ratio``.
     With ``strict_cut`` only keys strictly above the cut count."""
@@ -136,8 +162,21 @@ def kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_t
 
 
 @triton.jit
-def race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
-         z_kept, min_ratio, z_final, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def race(
+    row_ptrs,
+    noise_ptrs,
+    row_ok,
+    vocab_size,
+    temperature,
+    row_max,
+    cut_key,
+    num_ties,
+    z_kept,
+    min_ratio,
+    z_final,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """Each row's ``argmax(probs / q)`` over its kept tokens (lowest index on ties)."""
     best_val = tl.full([BLOCK_R], -1.0, tl.float32)
     best_idx = tl.zeros([BLOCK_R], tl.int32)
@@ -171,9 +210,22 @@ def any_row(flags):
 
 
 @triton.jit
-def filter_and_race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, max_logit, top_k, top_p,
-                    min_p, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, USE_MIN_P: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def filter_and_race(
+    row_ptrs,
+    noise_ptrs,
+    row_ok,
+    vocab_size,
+    temperature,
+    max_logit,
+    top_k,
+    top_p,
+    min_p,
+    USE_TOP_K: tl.constexpr,
+    USE_TOP_P: tl.constexpr,
+    USE_MIN_P: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """Top-k, then top-p, then min-p, then the race, for rows with temperature > 0.
 
     The kept set is always "keys above ``cut_key``, plus the first ``num_ties`` equal to it":
@@ -190,26 +242,71 @@ def filter_and_race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, max_l
         if any_row(k_on):
             kth = top_k_key(row_ptrs, row_ok, vocab_size, temperature, top_k, BLOCK_R, BLOCK_V)
             cut_key = tl.where(k_on, kth, cut_key)
-    z_kept = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties, ones,
-                       no_min, False, BLOCK_R, BLOCK_V)
+    z_kept = kept_mass(
+        row_ptrs,
+        row_ok,
+        vocab_size,
+        temperature,
+        row_max,
+        cut_key,
+        num_ties,
+        ones,
+        no_min,
+        False,
+        BLOCK_R,
+        BLOCK_V,
+    )
     z_kept = tl.where(row_ok, z_kept, 1.0)
     if USE_TOP_P:
         p_on = row_ok & (top_p < 1.0)
         if any_row(p_on):
             target = top_p * z_kept
-            cut = top_p_key(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, target,
-                            BLOCK_R, BLOCK_V)
+            cut = top_p_key(
+                row_ptrs,
+                row_ok,
+                vocab_size,
+                temperature,
+                row_max,
+                cut_key,
+                target,
+                BLOCK_R,
+                BLOCK_V,
+            )
             cut = tl.minimum(cut, order_key(row_max).to(tl.int64))  # the top token always stays
-            above = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut, num_ties,
-                              ones, no_min, True, BLOCK_R, BLOCK_V)
+            above = kept_mass(
+                row_ptrs,
+                row_ok,
+                vocab_size,
+                temperature,
+                row_max,
+                cut,
+                num_ties,
+                ones,
+                no_min,
+                True,
+                BLOCK_R,
+                BLOCK_V,
+            )
             e_cut = tl.exp(key_value(cut) - row_max)
             ties = tl.ceil((target - above) / tl.where(e_cut > 0.0, e_cut, 1.0))
             ties = tl.where(e_cut > 0.0, ties, 2.0e9)
             ties = tl.maximum(tl.minimum(ties, 2.0e9), 1.0).to(tl.int32)
             cut_key = tl.where(p_on, cut, cut_key)
             num_ties = tl.where(p_on, ties, num_ties)
-            z_kept = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
-                               ones, no_min, False, BLOCK_R, BLOCK_V)
+            z_kept = kept_mass(
+                row_ptrs,
+                row_ok,
+                vocab_size,
+                temperature,
+                row_max,
+                cut_key,
+                num_ties,
+                ones,
+                no_min,
+                False,
+                BLOCK_R,
+                BLOCK_V,
+            )
             z_kept = tl.where(row_ok, z_kept, 1.0)
     min_ratio = no_min
     z_final = z_kept
@@ -217,19 +314,57 @@ def filter_and_race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, max_l
         m_on = row_ok & (min_p > 0.0)
         if any_row(m_on):
             min_ratio = tl.where(m_on, min_p * (1.0 / z_kept), 0.0)
-            z_final = kept_mass(row_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
-                                z_kept, min_ratio, False, BLOCK_R, BLOCK_V)
+            z_final = kept_mass(
+                row_ptrs,
+                row_ok,
+                vocab_size,
+                temperature,
+                row_max,
+                cut_key,
+                num_ties,
+                z_kept,
+                min_ratio,
+                False,
+                BLOCK_R,
+                BLOCK_V,
+            )
             z_final = tl.where(row_ok, z_final, 1.0)
-    return race(row_ptrs, noise_ptrs, row_ok, vocab_size, temperature, row_max, cut_key, num_ties,
-                z_kept, min_ratio, z_final, BLOCK_R, BLOCK_V)
+    return race(
+        row_ptrs,
+        noise_ptrs,
+        row_ok,
+        vocab_size,
+        temperature,
+        row_max,
+        cut_key,
+        num_ties,
+        z_kept,
+        min_ratio,
+        z_final,
+        BLOCK_R,
+        BLOCK_V,
+    )
 
 
 @triton.jit
 def sample_kernel(
-    out_ptr, logits_ptr, noise_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-    num_rows, stride_logits, stride_noise, vocab_size,
-    ALL_GREEDY: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
-    USE_MIN_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    out_ptr,
+    logits_ptr,
+    noise_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    num_rows,
+    stride_logits,
+    stride_noise,
+    vocab_size,
+    ALL_GREEDY: tl.constexpr,
+    USE_TOP_K: tl.constexpr,
+    USE_TOP_P: tl.constexpr,
+    USE_MIN_P: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     """One token id per row: greedy where temperature is 0, else a filtered exponential race."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -240,12 +375,20 @@ def sample_kernel(
         temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
         if any_row(row_ok & (temperature > 0.0)):
             drawn = filter_and_race(
-                row_ptrs, noise_ptr + rows.to(tl.int64) * stride_noise, row_ok, vocab_size,
-                tl.where(temperature > 0.0, temperature, 1.0), max_logit,
+                row_ptrs,
+                noise_ptr + rows.to(tl.int64) * stride_noise,
+                row_ok,
+                vocab_size,
+                tl.where(temperature > 0.0, temperature, 1.0),
+                max_logit,
                 tl.load(top_k_ptr + rows, mask=row_ok, other=0),
                 tl.load(top_p_ptr + rows, mask=row_ok, other=1.0),
                 tl.load(min_p_ptr + rows, mask=row_ok, other=0.0),
-                USE_TOP_K, USE_TOP_P, USE_MIN_P, BLOCK_R, BLOCK_V,
+                USE_TOP_K,
+                USE_TOP_P,
+                USE_MIN_P,
+                BLOCK_R,
+                BLOCK_V,
             )
             token = tl.where(temperature > 0.0, drawn, token)
     tl.store(out_ptr + rows, token.to(tl.int64), mask=row_ok)

@@ -93,12 +93,17 @@ def to_device(batch: PagedBatch, device) -> PagedBatch:
         num_actual_tokens=md.num_actual_tokens,
     )
     return PagedBatch(
-        batch.query.to(device), batch.key.to(device), batch.value.to(device),
-        batch.kv_cache.to(device), metadata,
+        batch.query.to(device),
+        batch.key.to(device),
+        batch.value.to(device),
+        batch.kv_cache.to(device),
+        metadata,
     )
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, ulps: int = 1, fp32_tol: float = 1e-5):
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, ulps: int = 1, fp32_tol: float = 1e-5
+):
     """16-bit results within ``ulps`` units in the last place of the expected value; float32
     within ``fp32_tol`` (absolute and relative), since only summation order differs there."""
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
@@ -107,7 +112,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, ulps: int = 1, fp
         torch.testing.assert_close(actual, expected, atol=fp32_tol, rtol=fp32_tol)
         return
     magnitude = expected.abs()
-    ulp = torch.nextafter(magnitude, torch.full_like(magnitude, float("inf"))).float() - magnitude.float()
+    ulp = (
+        torch.nextafter(magnitude, torch.full_like(magnitude, float("inf"))).float()
+        - magnitude.float()
+    )
     error = (actual.float() - expected.float()).abs()
     worst = (error / ulp).max().item()
     assert worst <= ulps, f"max error {worst:.2f} ulps > {ulps} (max abs {error.max().item():.3g})"

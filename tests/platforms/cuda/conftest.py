@@ -18,7 +18,9 @@ NAME = "cuda"
 def pytest_collection_modifyitems(config, items):
     if runtime.interpreting() or (torch.version.cuda is not None and torch.cuda.is_available()):
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU or TRITON_INTERPRET=1 (the cuda-interpret leg)")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU or TRITON_INTERPRET=1 (the cuda-interpret leg)"
+    )
     for item in items:
         if "needs_kernels" in item.keywords:
             item.add_marker(skip)
@@ -40,4 +42,6 @@ def device(platform):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "needs_kernels: runs Triton kernels (GPU or TRITON_INTERPRET=1)")
+    config.addinivalue_line(
+        "markers", "needs_kernels: runs Triton kernels (GPU or TRITON_INTERPRET=1)"
+    )

@@ -33,14 +33,27 @@ def test_split_kv_with_the_gpu_tiles(device, dtype, case):
     segments of one tile, each merged by the second kernel."""
     gpu = tuning.attention_tuning(AttentionSpec(8, 2, 32, dtype, 16, 1.0))
     forced = dataclasses.replace(
-        gpu, split_kv_segment_len=64, split_kv_max_programs=1 << 30,
-        interpreter_block_m=gpu.block_m, interpreter_tile_n=gpu.tile_n,
-        interpreter_kv_write_tokens=gpu.kv_write_tokens, interpreter_split_kv_segment_len=32,
+        gpu,
+        split_kv_segment_len=64,
+        split_kv_max_programs=1 << 30,
+        interpreter_block_m=gpu.block_m,
+        interpreter_tile_n=gpu.tile_n,
+        interpreter_kv_write_tokens=gpu.kv_write_tokens,
+        interpreter_split_kv_segment_len=32,
     )
     backend_for = lambda spec: TritonAttentionBackend(spec, forced)  # noqa: E731
-    spec = AttentionSpec(case.num_heads, case.num_kv_heads, case.head_dim, dtype, case.block_size, 1.0)
-    batch = checks.random_paged_batch(case.query_lens, case.context_lens, case.num_heads,
-                                      case.num_kv_heads, case.head_dim, case.block_size, dtype)
+    spec = AttentionSpec(
+        case.num_heads, case.num_kv_heads, case.head_dim, dtype, case.block_size, 1.0
+    )
+    batch = checks.random_paged_batch(
+        case.query_lens,
+        case.context_lens,
+        case.num_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        case.block_size,
+        dtype,
+    )
     assert backend_for(spec).num_segments(batch.metadata, batch.query.shape[0]) >= 3
     checks.check_attention(backend_for, device, dtype, case)
 
@@ -76,7 +89,9 @@ def test_token_bitmask_matches_reference(platform, device, dtype, vocab_size, us
 @pytest.mark.parametrize("rows_per_program", [1, 4])
 def test_sampler_ties_across_vocabulary_chunks(device, rows_per_program):
     """The shared kernel with small chunks, one row per program (as on GPUs) and several."""
-    tuning = SamplerTuning(block_v=32, block_r=rows_per_program, interpreter_block_r=rows_per_program)
+    tuning = SamplerTuning(
+        block_v=32, block_r=rows_per_program, interpreter_block_r=rows_per_program
+    )
     checks.check_sampler_ties_across_chunks(make_sampler(96, tuning), device)
 
 

@@ -21,7 +21,10 @@ def test_kernels_compile_for_gfx942():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
         [sys.executable, "-m", "octavo_rocm.compile_check", "--arch", "gfx942"],
-        env=env, capture_output=True, text=True, timeout=1200,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     built = [line for line in result.stdout.splitlines() if line.startswith("hip:gfx942")]

@@ -65,7 +65,9 @@ def test_split_vocabulary_sampler_across_many_slices(device):
         torch.manual_seed(seed)
         expected = reference.sample(logits, checks.sampling_metadata(case, device, seed))
         assert got.tolist() == expected.tolist() and got[2].item() == 40
-    greedy = checks.SamplingCase("greedy", (0.0,) * 4, (0,) * 4, (1.0,) * 4, (0.0,) * 4, (None,) * 4)
+    greedy = checks.SamplingCase(
+        "greedy", (0.0,) * 4, (0,) * 4, (1.0,) * 4, (0.0,) * 4, (None,) * 4
+    )
     got = sampler(logits, checks.sampling_metadata(greedy, device, 0))
     assert got.tolist() == [3, int(logits[1].argmax()), 40, int(logits[3].argmax())]
 
@@ -104,7 +106,9 @@ def test_rms_norm_fused_with_fp8_quantisation(device, dtype, with_residual):
     torch.testing.assert_close(got[1].cpu(), scale, rtol=1e-5, atol=0)
     quantised = (expected.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
     assert (got[0].cpu().float() == quantised).float().mean() > 0.99  # 16-bit ties may round apart
-    torch.testing.assert_close(got[0].cpu().float() * got[1].cpu(), expected.float(), rtol=0.07, atol=1e-2)
+    torch.testing.assert_close(
+        got[0].cpu().float() * got[1].cpu(), expected.float(), rtol=0.07, atol=1e-2
+    )
 
 
 def test_rejection_sampler_matches_reference(platform, device):

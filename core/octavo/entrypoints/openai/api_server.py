@@ -21,10 +21,20 @@ from octavo.entrypoints.openai.chat_protocol import ChatCompletionRequest, ChatC
 from octavo.entrypoints.openai.errors import OpenAIError, from_validation_errors
 from octavo.entrypoints.openai.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from octavo.entrypoints.openai.openapi import (
-    DetokenizeResponse, TokenizeResponse, error_responses, json_route, publish_schemas,
+    DetokenizeResponse,
+    TokenizeResponse,
+    error_responses,
+    json_route,
+    publish_schemas,
 )
 from octavo.entrypoints.openai.protocol import (
-    CompletionRequest, CompletionResponse, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest, dump,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    dump,
 )
 from octavo.entrypoints.openai.serving_chat import create_chat_completion
 from octavo.entrypoints.openai.serving_common import ServerConfig, ServingContext
@@ -112,7 +122,9 @@ async def _one_token(ctx: ServingContext) -> None:
     bos = getattr(ctx.tokenizer, "bos_token_id", None)
     prompt = {"prompt_token_ids": [bos if bos is not None else 0]}
     params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
-    async for _ in ctx.engine.generate(f"ready-{uuid.uuid4().hex}", prompt, params, record_metrics=False):
+    async for _ in ctx.engine.generate(
+        f"ready-{uuid.uuid4().hex}", prompt, params, record_metrics=False
+    ):
         pass
 
 
@@ -127,6 +139,7 @@ def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
                 elif exc.status_code < 500:  # 5xx: the engine counted the request as failed
                     ctx.engine.metrics.on_request_refused("invalid")
                 raise
+
         # The handler's name and docstring title the route in /openapi.json (not its signature:
         # FastAPI must see only the raw request).
         route.__name__, route.__doc__ = handler.__name__, handler.__doc__
@@ -137,7 +150,9 @@ def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
     chat_docs = json_route(ChatCompletionRequest, ChatCompletionResponse, **generation)
     app.post("/v1/completions", **completions_docs)(counted(create_completion))
     app.post("/v1/chat/completions", **chat_docs)(counted(create_chat_completion))
-    publish_schemas(app, (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest))
+    publish_schemas(
+        app, (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+    )
 
     @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401)})
     async def models() -> Response:
@@ -160,4 +175,6 @@ def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 
 def _model_card(ctx: ServingContext) -> ModelCard:
-    return ModelCard(id=ctx.config.served_model_name, root=ctx.config.model_path, max_model_len=ctx.max_model_len)
+    return ModelCard(
+        id=ctx.config.served_model_name, root=ctx.config.model_path, max_model_len=ctx.max_model_len
+    )

@@ -7,7 +7,13 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from octavo.entrypoints.openai.protocol import NumLogprobs, RequestModel, ResponseModel, SamplingRequest, UsageInfo
+from octavo.entrypoints.openai.protocol import (
+    NumLogprobs,
+    RequestModel,
+    ResponseModel,
+    SamplingRequest,
+    UsageInfo,
+)
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -33,7 +39,9 @@ class ChatMessage(RequestModel):
         parts = []
         for part in self.content:
             if part.type != "text" or part.text is None:
-                raise ValueError(f"content parts of type {part.type!r} are not supported; send text parts")
+                raise ValueError(
+                    f"content parts of type {part.type!r} are not supported; send text parts"
+                )
             parts.append(part.text)
         return "".join(parts)
 
@@ -57,7 +65,8 @@ class ChatCompletionRequest(SamplingRequest):
         if not self.messages:
             raise ValueError("messages must contain at least one message")
         return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in self.messages
         ]
 
     def num_logprobs(self) -> Optional[int]:

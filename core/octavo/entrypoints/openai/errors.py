@@ -51,7 +51,9 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
-def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> OpenAIError:
+def bad_request(
+    message: str, param: Optional[str] = None, code: Optional[str] = None
+) -> OpenAIError:
     """A 400 about the request body."""
     return OpenAIError(message, 400, param=param, code=code)
 
@@ -69,19 +71,30 @@ def from_validation_errors(errors: list[dict[str, Any]]) -> OpenAIError:
         return bad_request("the request body is not valid")
     first = errors[0]
     if first.get("type") == "json_invalid":
-        return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", code="invalid_json")
+        return bad_request(
+            f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+            code="invalid_json",
+        )
     location = tuple(first.get("loc", ()))
     if not location:
         return bad_request(f"the request body must be a JSON object: {first['msg']}")
     field = location[0]
     # A union reports one error per alternative, each located at (field, alternative, ...).
-    alternatives = [e["loc"][1] for e in errors if len(e.get("loc", ())) == 2 and e["loc"][0] == field and isinstance(e["loc"][1], str)]
-    if len(alternatives) > 1 and len(alternatives) == sum(1 for e in errors if e.get("loc", (None,))[0] == field):
+    alternatives = [
+        e["loc"][1]
+        for e in errors
+        if len(e.get("loc", ())) == 2 and e["loc"][0] == field and isinstance(e["loc"][1], str)
+    ]
+    if len(alternatives) > 1 and len(alternatives) == sum(
+        1 for e in errors if e.get("loc", (None,))[0] == field
+    ):
         got = first.get("input")
         message = f"{field}: {got!r} ({type(got).__name__}) is none of: {', '.join(alternatives)}"
     else:
         message = f"{'.'.join(str(part) for part in location)}: {first['msg']}"
     num_other_fields = len({e.get("loc", (None,))[0] for e in errors} - {field})
     if num_other_fields:
-        message += f" (and errors in {num_other_fields} more field{'s' if num_other_fields > 1 else ''})"
+        message += (
+            f" (and errors in {num_other_fields} more field{'s' if num_other_fields > 1 else ''})"
+        )
     return bad_request(message, param=str(field))

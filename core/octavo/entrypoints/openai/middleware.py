@@ -49,10 +49,14 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
             header = _header(scope, b"authorization") or ""
             scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key):
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.api_key
+            ):
                 error = OpenAIError(
-                    "missing or invalid API key; send 'Authorization: Bearer <key>'", 401,
-                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"},
+                    "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                    401,
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
                 )
                 await error.response()(scope, receive, send)
                 return

@@ -61,9 +61,13 @@ class SamplingRequest(RequestModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     # vLLM's extra body fields
-    top_k: Optional[int] = Field(None, ge=-1, le=sp.MAX_TOP_K, description="-1 or 0: off; above the vocabulary: off")
+    top_k: Optional[int] = Field(
+        None, ge=-1, le=sp.MAX_TOP_K, description="-1 or 0: off; above the vocabulary: off"
+    )
     min_p: Optional[float] = Field(None, ge=0, le=1)
-    repetition_penalty: Optional[float] = Field(None, ge=sp.MIN_REPETITION_PENALTY, le=sp.MAX_REPETITION_PENALTY)
+    repetition_penalty: Optional[float] = Field(
+        None, ge=sp.MIN_REPETITION_PENALTY, le=sp.MAX_REPETITION_PENALTY
+    )
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: Optional[list[TokenId]] = None
@@ -73,7 +77,10 @@ class SamplingRequest(RequestModel):
     priority: int = Field(0, ge=sp.PRIORITY_MIN, le=sp.PRIORITY_MAX)
 
     def sampling_params(
-        self, max_tokens: Optional[int], logprobs: Optional[int], defaults: Mapping[str, Any] = NO_DEFAULTS
+        self,
+        max_tokens: Optional[int],
+        logprobs: Optional[int],
+        defaults: Mapping[str, Any] = NO_DEFAULTS,
     ) -> SamplingParams:
         """SamplingParams for this request; raises ValueError naming a bad field.
 

@@ -33,17 +33,51 @@ def demo_model_path() -> Path:
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The server's flags plus every engine flag of EngineArgs."""
-    parser.add_argument("model", nargs="?", default=None, help="local HuggingFace model folder (default: the bundled demo model)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="local HuggingFace model folder (default: the bundled demo model)",
+    )
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
-    server.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on /v1 routes (also ${API_KEY_ENV})")
-    server.add_argument("--max-queue-len", type=int, default=None, help="requests that may wait beyond --max-num-seqs before new ones get 503")
-    server.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
-    server.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
-    server.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds to let in-flight requests finish after SIGTERM")
-    server.add_argument("--chat-template", default=None, help="a Jinja chat template (file or inline) for models without one")
-    server.add_argument("--ready-timeout", type=float, default=10.0, help="seconds /health/ready waits for its one-token generation")
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1 routes (also ${API_KEY_ENV})",
+    )
+    server.add_argument(
+        "--max-queue-len",
+        type=int,
+        default=None,
+        help="requests that may wait beyond --max-num-seqs before new ones get 503",
+    )
+    server.add_argument(
+        "--disable-log-requests", action="store_true", help="do not log each request"
+    )
+    server.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    server.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to let in-flight requests finish after SIGTERM",
+    )
+    server.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template (file or inline) for models without one",
+    )
+    server.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=10.0,
+        help="seconds /health/ready waits for its one-token generation",
+    )
     EngineArgs.add_cli_args(parser)
     return parser
 
@@ -66,7 +100,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.max_queue_len is not None and args.max_queue_len < 0:
         raise ConfigError(f"--max-queue-len must be >= 0; got {args.max_queue_len}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     overrides = {"model": args.model}
     if args.model is None:
         overrides["model"] = str(demo_model_path())
@@ -88,8 +124,12 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_zero)
     app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
     uvicorn_config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout, access_log=not args.disable_log_requests,
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        access_log=not args.disable_log_requests,
     )
     uvicorn.Server(uvicorn_config).run()
     return 0

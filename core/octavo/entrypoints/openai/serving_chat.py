@@ -11,27 +11,51 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from octavo.entrypoints.openai.chat_protocol import (
-    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobEntry, ChatLogprobs, ChatLogprobToken,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobEntry,
+    ChatLogprobs,
+    ChatLogprobToken,
     ChatResponseMessage,
 )
 from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
 from octavo.entrypoints.openai.serving_common import (
-    ClientGone, ServingContext, clamp_logprob, event_stream, merge_outputs, new_request_id, sse, usage_event,
+    ClientGone,
+    ServingContext,
+    clamp_logprob,
+    event_stream,
+    merge_outputs,
+    new_request_id,
+    sse,
+    usage_event,
 )
 from octavo.outputs import CompletionOutput, Logprob, SampleLogprobs
 
 
-def render_chat(ctx: ServingContext, conversation: list[dict], add_generation_prompt: bool = True,
-                continue_final_message: bool = False, template_kwargs: Optional[dict] = None) -> list[int]:
+def render_chat(
+    ctx: ServingContext,
+    conversation: list[dict],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: Optional[dict] = None,
+) -> list[int]:
     """The conversation's prompt token ids through the chat template (the server's, else the model's)."""
     template = ctx.config.chat_template
     if template is None and getattr(ctx.tokenizer, "chat_template", None) is None:
-        raise bad_request("this model has no chat template; start the server with --chat-template FILE", param="messages")
+        raise bad_request(
+            "this model has no chat template; start the server with --chat-template FILE",
+            param="messages",
+        )
     try:
         rendered = ctx.tokenizer.apply_chat_template(
-            conversation, chat_template=template, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tokenize=True, **(template_kwargs or {}),
+            conversation,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=True,
+            **(template_kwargs or {}),
         )
     except Exception as exc:  # noqa: BLE001 - jinja2 and transformers raise many types; all are the request's
         raise bad_request(f"cannot render the chat template: {exc}", param="messages") from None
@@ -41,7 +65,9 @@ def render_chat(ctx: ServingContext, conversation: list[dict], add_generation_pr
 
 def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
     """A 400 naming the body field at fault (message errors name ``messages``)."""
-    error = from_value_error(exc, SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt"})
+    error = from_value_error(
+        exc, SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt"}
+    )
     if error.param in ("role", "content"):
         error.param = "messages"
     elif error.param == "max_tokens" and body.max_completion_tokens is not None:
@@ -53,7 +79,9 @@ def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
 
 def _check_unsupported(body: ChatCompletionRequest) -> None:
     if body.response_format is not None and body.response_format.get("type", "text") != "text":
-        raise bad_request("response_format other than text is not supported yet", param="response_format")
+        raise bad_request(
+            "response_format other than text is not supported yet", param="response_format"
+        )
     if body.tools:
         raise bad_request("tools are not supported yet", param="tools")
 
@@ -66,12 +94,22 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     try:
         conversation = body.conversation()
         num_logprobs = body.num_logprobs()
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
         params = body.sampling_params(max_tokens, num_logprobs, ctx.sampling_defaults)
         params = ctx.fit_params(params)
     except ValueError as exc:
         raise _param_error(exc, body) from None
-    token_ids = render_chat(ctx, conversation, body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs)
+    token_ids = render_chat(
+        ctx,
+        conversation,
+        body.add_generation_prompt,
+        body.continue_final_message,
+        body.chat_template_kwargs,
+    )
     ctx.check_tokens(token_ids, "messages")
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     ctx.check_length(len(token_ids), params.max_tokens, "messages", max_param)
@@ -81,7 +119,9 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     generators = ctx.start(request_id, prompts, params, body)
     if body.stream:
         stream = event_stream(_stream(ctx, request_id, body, len(token_ids), generators), admission)
-        return StreamingResponse(stream, media_type="text/event-stream", background=BackgroundTask(admission.release))
+        return StreamingResponse(
+            stream, media_type="text/event-stream", background=BackgroundTask(admission.release)
+        )
     try:
         (final,) = await ctx.collect(raw_request, generators)
     except ClientGone:
@@ -91,33 +131,54 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     return JSONResponse(dump(_response(ctx, request_id, body, len(token_ids), final)))
 
 
-def _response(ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int, final) -> ChatCompletionResponse:
+def _response(
+    ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int, final
+) -> ChatCompletionResponse:
     choices = [
         ChatChoice(
             index=completion.index,
             message=ChatResponseMessage(content=completion.text),
-            logprobs=_logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None,
+            logprobs=_logprobs(completion.logprobs, body.top_logprobs or 0)
+            if body.logprobs
+            else None,
             finish_reason=completion.finish_reason,
             stop_reason=completion.stop_reason,
         )
         for completion in final.outputs
     ]
     num_completion_tokens = sum(len(c.token_ids) for c in final.outputs)
-    usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                      total_tokens=num_prompt_tokens + num_completion_tokens)
-    return ChatCompletionResponse(id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage)
+    usage = UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=num_completion_tokens,
+        total_tokens=num_prompt_tokens + num_completion_tokens,
+    )
+    return ChatCompletionResponse(
+        id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage
+    )
 
 
 async def _stream(
-    ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int,
+    ctx: ServingContext,
+    request_id: str,
+    body: ChatCompletionRequest,
+    num_prompt_tokens: int,
     generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
     # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
-    head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": ctx.config.served_model_name}
+    head = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": ctx.config.served_model_name,
+    }
 
-    def chunk(index: int, delta: dict, completion: Optional[CompletionOutput] = None, logprobs=None) -> str:
+    def chunk(
+        index: int, delta: dict, completion: Optional[CompletionOutput] = None, logprobs=None
+    ) -> str:
         choice = {
-            "index": index, "delta": delta, "logprobs": None if logprobs is None else dump(logprobs),
+            "index": index,
+            "delta": delta,
+            "logprobs": None if logprobs is None else dump(logprobs),
             "finish_reason": completion.finish_reason if completion else None,
             "stop_reason": completion.stop_reason if completion else None,
         }
@@ -130,7 +191,11 @@ async def _stream(
         async for _, output in outputs:
             for completion in output.outputs:
                 num_completion_tokens += len(completion.token_ids)
-                logprobs = _logprobs(completion.logprobs, body.top_logprobs or 0) if body.logprobs else None
+                logprobs = (
+                    _logprobs(completion.logprobs, body.top_logprobs or 0)
+                    if body.logprobs
+                    else None
+                )
                 if completion.text or (logprobs and logprobs.content):
                     yield chunk(completion.index, {"content": completion.text}, logprobs=logprobs)
                 if completion.finish_reason is not None:
@@ -141,7 +206,9 @@ async def _stream(
 
 def _entry(logprob: Logprob) -> ChatLogprobEntry:
     token = logprob.decoded_token or ""
-    return ChatLogprobEntry(token=token, logprob=clamp_logprob(logprob.logprob), bytes=list(token.encode("utf-8")))
+    return ChatLogprobEntry(
+        token=token, logprob=clamp_logprob(logprob.logprob), bytes=list(token.encode("utf-8"))
+    )
 
 
 def _logprobs(positions: Optional[SampleLogprobs], num_top: int) -> ChatLogprobs:
@@ -149,8 +216,17 @@ def _logprobs(positions: Optional[SampleLogprobs], num_top: int) -> ChatLogprobs
     content = []
     for position in positions or ():
         chosen = next(iter(position.values()))
-        top = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top), key=lambda lp: lp.rank)
+        top = sorted(
+            (lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top),
+            key=lambda lp: lp.rank,
+        )
         entry = _entry(chosen)
-        content.append(ChatLogprobToken(token=entry.token, logprob=entry.logprob, bytes=entry.bytes,
-                                        top_logprobs=[_entry(lp) for lp in top]))
+        content.append(
+            ChatLogprobToken(
+                token=entry.token,
+                logprob=entry.logprob,
+                bytes=entry.bytes,
+                top_logprobs=[_entry(lp) for lp in top],
+            )
+        )
     return ChatLogprobs(content=content)

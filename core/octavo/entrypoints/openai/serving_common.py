@@ -15,7 +15,12 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from octavo.engine.async_engine import AsyncEngine, EngineDeadError
-from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_validation_errors, from_value_error
+from octavo.entrypoints.openai.errors import (
+    OpenAIError,
+    bad_request,
+    from_validation_errors,
+    from_value_error,
+)
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
 from octavo.errors import RequestError
 from octavo.outputs import RequestOutput
@@ -69,7 +74,11 @@ class ServingContext:
         self.vocab_size = engine.engine.model_config.vocab_size
         self.eos_token_ids = engine.engine.model_config.eos_token_ids
         self.sampling_defaults = engine.engine.sampling_defaults
-        self.capacity = None if config.max_queue_len is None else engine.engine.args.max_num_seqs + config.max_queue_len
+        self.capacity = (
+            None
+            if config.max_queue_len is None
+            else engine.engine.args.max_num_seqs + config.max_queue_len
+        )
         self.num_admitted = 0
 
     # --- checks ---------------------------------------------------------------------------------
@@ -87,7 +96,9 @@ class ServingContext:
         if name is not None and name != self.config.served_model_name:
             raise OpenAIError(
                 f"the model {name!r} does not exist; this server serves {self.config.served_model_name!r}",
-                404, param="model", code="model_not_found",
+                404,
+                param="model",
+                code="model_not_found",
             )
 
     def check_tokens(self, token_ids: Sequence[int], param: str) -> None:
@@ -102,19 +113,25 @@ class ServingContext:
         token id is a 400 at once, not after the engine's current step."""
         return params.for_vocabulary(self.vocab_size, self.eos_token_ids)
 
-    def check_length(self, num_prompt_tokens: int, max_tokens: Optional[int], param: str, max_tokens_param: str) -> None:
+    def check_length(
+        self, num_prompt_tokens: int, max_tokens: Optional[int], param: str, max_tokens_param: str
+    ) -> None:
         """400 when the prompt, or the prompt plus ``max_tokens``, does not fit the context."""
         limit = self.max_model_len
         if num_prompt_tokens >= limit:
             raise bad_request(
                 f"this model's context is {limit} tokens and the {param} has {num_prompt_tokens} tokens, "
-                "leaving no room for output; shorten it", param=param, code="context_length_exceeded",
+                "leaving no room for output; shorten it",
+                param=param,
+                code="context_length_exceeded",
             )
         if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
             raise bad_request(
                 f"this model's context is {limit} tokens; you asked for {num_prompt_tokens + max_tokens} "
                 f"({num_prompt_tokens} in the {param}, {max_tokens} to generate); lower {max_tokens_param} "
-                f"to at most {limit - num_prompt_tokens}", param=max_tokens_param, code="context_length_exceeded",
+                f"to at most {limit - num_prompt_tokens}",
+                param=max_tokens_param,
+                code="context_length_exceeded",
             )
 
     def admit(self, num_requests: int) -> "Admission":
@@ -124,7 +141,9 @@ class ServingContext:
         if self.capacity is not None and self.num_admitted + num_requests > self.capacity:
             raise OpenAIError(
                 f"the server is at capacity ({self.num_admitted} requests in flight, limit {self.capacity}); retry later",
-                503, code="queue_full", headers={"Retry-After": str(self.config.retry_after_s)},
+                503,
+                code="queue_full",
+                headers={"Retry-After": str(self.config.retry_after_s)},
             )
         self.num_admitted += num_requests
         return Admission(self, num_requests)
@@ -137,15 +156,26 @@ class ServingContext:
         """One engine request per prompt (ids ``{request_id}-{i}``); nothing is sent until iterated."""
         if self.config.log_requests:
             logger.info(
-                "request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
-                [len(p["prompt_token_ids"]) for p in prompts], params,
+                "request %s: %d prompt(s) of %s tokens, %s",
+                request_id,
+                len(prompts),
+                [len(p["prompt_token_ids"]) for p in prompts],
+                params,
             )
         return [
-            self.engine.generate(f"{request_id}-{i}", prompt, params, priority=body.priority, cache_salt=body.cache_salt)
+            self.engine.generate(
+                f"{request_id}-{i}",
+                prompt,
+                params,
+                priority=body.priority,
+                cache_salt=body.cache_salt,
+            )
             for i, prompt in enumerate(prompts)
         ]
 
-    async def collect(self, raw_request: Request, generators: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    async def collect(
+        self, raw_request: Request, generators: list[AsyncIterator[RequestOutput]]
+    ) -> list[RequestOutput]:
         """The final output of each generator; cancels them all if the client disconnects."""
 
         async def run() -> list[RequestOutput]:
@@ -191,7 +221,9 @@ async def wait_for_disconnect(raw_request: Request) -> None:
             return
 
 
-async def merge_outputs(generators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge_outputs(
+    generators: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(index, output) from several generators as they come; closing this cancels them all."""
     if len(generators) == 1:
         async with contextlib.aclosing(generators[0]) as generator:
@@ -259,8 +291,11 @@ async def event_stream(events: AsyncIterator[str], admission: "Admission") -> As
 
 def usage_event(head: dict, prompt_tokens: int, completion_tokens: int) -> str:
     """The final chunk of a stream with ``stream_options.include_usage``: no choices, the usage."""
-    usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                      total_tokens=prompt_tokens + completion_tokens)
+    usage = UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
     return sse({**head, "choices": [], "usage": dump(usage)})
 
 

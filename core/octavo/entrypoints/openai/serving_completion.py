@@ -12,10 +12,23 @@ from starlette.background import BackgroundTask
 
 from octavo.entrypoints.openai.errors import bad_request, from_value_error
 from octavo.entrypoints.openai.protocol import (
-    SAMPLING_FIELDS, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, UsageInfo, dump,
+    SAMPLING_FIELDS,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+    dump,
 )
 from octavo.entrypoints.openai.serving_common import (
-    ClientGone, ServingContext, clamp_logprob, event_stream, merge_outputs, new_request_id, sse, usage_event,
+    ClientGone,
+    ServingContext,
+    clamp_logprob,
+    event_stream,
+    merge_outputs,
+    new_request_id,
+    sse,
+    usage_event,
 )
 from octavo.outputs import CompletionOutput, SampleLogprobs
 
@@ -25,7 +38,10 @@ def _prompts(ctx: ServingContext, prompt) -> list[dict]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
-        raise bad_request("prompt is empty; give text, a list of texts, token ids or lists of token ids", param="prompt")
+        raise bad_request(
+            "prompt is empty; give text, a list of texts, token ids or lists of token ids",
+            param="prompt",
+        )
     prompts = []
     for item in prompt:
         if isinstance(item, str):
@@ -41,9 +57,14 @@ def _check_unsupported(body: CompletionRequest) -> None:
     if body.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
-        raise bad_request("best_of must equal n when given (no server-side best-of selection)", param="best_of")
+        raise bad_request(
+            "best_of must equal n when given (no server-side best-of selection)", param="best_of"
+        )
     if body.echo and body.logprobs is not None:
-        raise bad_request("echo with logprobs needs prompt logprobs, which this engine does not compute yet", param="logprobs")
+        raise bad_request(
+            "echo with logprobs needs prompt logprobs, which this engine does not compute yet",
+            param="logprobs",
+        )
 
 
 async def create_completion(ctx: ServingContext, raw_request: Request) -> Response:
@@ -64,7 +85,9 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     generators = ctx.start(request_id, prompts, params, body)
     if body.stream:
         stream = event_stream(_stream(ctx, request_id, body, prompts, generators), admission)
-        return StreamingResponse(stream, media_type="text/event-stream", background=BackgroundTask(admission.release))
+        return StreamingResponse(
+            stream, media_type="text/event-stream", background=BackgroundTask(admission.release)
+        )
     try:
         finals = await ctx.collect(raw_request, generators)
     except ClientGone:
@@ -74,27 +97,50 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     return JSONResponse(dump(_response(ctx, request_id, body, prompts, finals)))
 
 
-def _response(ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[dict], finals) -> CompletionResponse:
+def _response(
+    ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[dict], finals
+) -> CompletionResponse:
     choices = []
     num_completion_tokens = 0
     for i, (prompt, final) in enumerate(zip(prompts, finals)):
         prefix = _echo_text(ctx, prompt) if body.echo else ""
         for completion in final.outputs:
             num_completion_tokens += len(completion.token_ids)
-            logprobs = _logprobs(completion.logprobs, body.logprobs, len(prefix)) if body.logprobs is not None else None
-            choices.append(_choice(i * body.n + completion.index, prefix + completion.text, logprobs, completion))
+            logprobs = (
+                _logprobs(completion.logprobs, body.logprobs, len(prefix))
+                if body.logprobs is not None
+                else None
+            )
+            choices.append(
+                _choice(
+                    i * body.n + completion.index, prefix + completion.text, logprobs, completion
+                )
+            )
     num_prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
-    usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                      total_tokens=num_prompt_tokens + num_completion_tokens)
-    return CompletionResponse(id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage)
+    usage = UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=num_completion_tokens,
+        total_tokens=num_prompt_tokens + num_completion_tokens,
+    )
+    return CompletionResponse(
+        id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage
+    )
 
 
 async def _stream(
-    ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[dict],
+    ctx: ServingContext,
+    request_id: str,
+    body: CompletionRequest,
+    prompts: list[dict],
     generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
     # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
-    head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": ctx.config.served_model_name}
+    head = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": ctx.config.served_model_name,
+    }
     offsets: dict[int, int] = {}  # choice index -> text length sent so far
     num_completion_tokens = 0
     async with contextlib.aclosing(merge_outputs(generators)) as outputs:
@@ -107,12 +153,23 @@ async def _stream(
                     text = _echo_text(ctx, prompts[i]) + text
                 offset = offsets.get(index, 0)
                 offsets[index] = offset + len(text)
-                logprobs = _logprobs(completion.logprobs, body.logprobs, offset) if body.logprobs is not None else None
-                if not text and completion.finish_reason is None and not (logprobs and logprobs.tokens):
+                logprobs = (
+                    _logprobs(completion.logprobs, body.logprobs, offset)
+                    if body.logprobs is not None
+                    else None
+                )
+                if (
+                    not text
+                    and completion.finish_reason is None
+                    and not (logprobs and logprobs.tokens)
+                ):
                     continue
                 choice = {
-                    "index": index, "text": text, "logprobs": None if logprobs is None else dump(logprobs),
-                    "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason,
+                    "index": index,
+                    "text": text,
+                    "logprobs": None if logprobs is None else dump(logprobs),
+                    "finish_reason": completion.finish_reason,
+                    "stop_reason": completion.stop_reason,
                 }
                 yield sse({**head, "choices": [choice], "usage": None})
     if body.include_usage:
@@ -120,10 +177,15 @@ async def _stream(
         yield usage_event(head, num_prompt_tokens, num_completion_tokens)
 
 
-def _choice(index: int, text: str, logprobs: Optional[CompletionLogprobs], completion: CompletionOutput) -> CompletionChoice:
+def _choice(
+    index: int, text: str, logprobs: Optional[CompletionLogprobs], completion: CompletionOutput
+) -> CompletionChoice:
     return CompletionChoice(
-        index=index, text=text, logprobs=logprobs,
-        finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+        index=index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=completion.finish_reason,
+        stop_reason=completion.stop_reason,
     )
 
 
@@ -143,6 +205,10 @@ def _logprobs(positions: Optional[SampleLogprobs], num_top: int, offset: int) ->
         result.token_logprobs.append(clamp_logprob(chosen.logprob))
         result.text_offset.append(offset)
         offset += len(token)
-        top = {lp.decoded_token or "": clamp_logprob(lp.logprob) for lp in position.values() if lp.rank is not None and lp.rank <= num_top}
+        top = {
+            lp.decoded_token or "": clamp_logprob(lp.logprob)
+            for lp in position.values()
+            if lp.rank is not None and lp.rank <= num_top
+        }
         result.top_logprobs.append(top)
     return result

@@ -30,7 +30,9 @@ async def tokenize(ctx: ServingContext, raw_request: Request) -> Response:
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
         tokens = render_chat(ctx, conversation, body.add_generation_prompt)
-    return JSONResponse({"tokens": list(tokens), "count": len(tokens), "max_model_len": ctx.max_model_len})
+    return JSONResponse(
+        {"tokens": list(tokens), "count": len(tokens), "max_model_len": ctx.max_model_len}
+    )
 
 
 async def detokenize(ctx: ServingContext, raw_request: Request) -> Response:

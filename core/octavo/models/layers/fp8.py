@@ -41,7 +41,9 @@ class Fp8Linear:
     def __init__(self, scaled_mm: ScaledMMFn):
         self.scaled_mm = scaled_mm
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, start: int, size: int, bias: Optional[torch.Tensor]):
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, start: int, size: int, bias: Optional[torch.Tensor]
+    ):
         """``x @ W[start:start+size]^T (+ bias)`` in ``x.dtype``; leading dimensions are kept."""
         x2 = x.reshape(-1, x.shape[-1])
         q, scale_x = quantize_rows(x2)
@@ -73,7 +75,9 @@ def quantize_model(model: nn.Module, platform: Platform, quantization: Optional[
             f"there; drop --quantization or choose a platform with FP8 (--device cpu, cuda or rocm)"
         )
     method = Fp8Linear(platform.scaled_mm())
-    layers = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    layers = [
+        m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
+    ]
     for layer in layers:
         quantize_linear_weight(layer, method)
     return model

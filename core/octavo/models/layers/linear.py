@@ -37,7 +37,9 @@ class TPGroup:
     def split(self, size: int, what: str) -> int:
         """This rank's share of ``size`` (which must divide evenly)."""
         if size % self.size:
-            raise ValueError(f"{what} ({size}) is not divisible by the tensor-parallel size ({self.size})")
+            raise ValueError(
+                f"{what} ({size}) is not divisible by the tensor-parallel size ({self.size})"
+            )
         return size // self.size
 
 
@@ -183,7 +185,9 @@ class RowParallelLinear(nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.input_shard = tp.split(input_size, "linear input size")
         self.weight = _parameter((output_size, self.input_shard), dtype, device, self.weight_loader)
-        self.bias = _parameter((output_size,), dtype, device, default_weight_loader) if bias else None
+        self.bias = (
+            _parameter((output_size,), dtype, device, default_weight_loader) if bias else None
+        )
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
         """Load the full checkpoint weight and keep this rank's input columns."""

@@ -84,7 +84,9 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     high_wavelen = old_len / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
@@ -103,7 +105,9 @@ class RotaryEmbedding(nn.Module):
     transformers, so bfloat16 results agree with it bit for bit.
     """
 
-    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig, device: Union[str, torch.device]):
+    def __init__(
+        self, head_dim: int, max_position: int, rope: RopeConfig, device: Union[str, torch.device]
+    ):
         super().__init__()
         self.head_dim = head_dim
         inv_freq = inverse_frequencies(rope, head_dim)

@@ -51,7 +51,10 @@ def widen_matmuls(model: nn.Module, dtypes: tuple[torch.dtype, ...]) -> nn.Modul
         return model
     method = WidenedMatmul()
     for layer in model.modules():
-        if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)) and layer.quant_method is None:
+        if (
+            isinstance(layer, (ColumnParallelLinear, RowParallelLinear))
+            and layer.quant_method is None
+        ):
             layer.weight.data = layer.weight.data.float()
             if layer.bias is not None:
                 layer.bias.data = layer.bias.data.float()

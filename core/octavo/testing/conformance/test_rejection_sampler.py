@@ -25,14 +25,14 @@ def run(verifier, octavo_device, case):
     """The platform's verifier on the case's tensors moved to the device, back on the host."""
     ids, counts, draft, target, temperature, uniforms, noise = case
     to = lambda t: None if t is None else t.to(octavo_device)  # noqa: E731
-    out = verifier(
-        to(ids), counts, to(draft), to(target), to(temperature), to(uniforms), to(noise)
-    )
+    out = verifier(to(ids), counts, to(draft), to(target), to(temperature), to(uniforms), to(noise))
     assert out.dtype == torch.int64 and out.shape == (len(counts), max(counts, default=0) + 1)
     return out.cpu()
 
 
-@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["point-mass-drafts", "draft-probs"])
+@pytest.mark.parametrize(
+    "with_draft_probs", [False, True], ids=["point-mass-drafts", "draft-probs"]
+)
 def test_greedy_verification_is_exact(verifier, octavo_device, with_draft_probs):
     """Temperature 0: drafts are kept while they are the target's argmax (lowest index on
     ties), the first mismatch becomes the argmax, a fully accepted row gets the bonus argmax."""
@@ -44,17 +44,27 @@ def test_greedy_verification_is_exact(verifier, octavo_device, with_draft_probs)
     ids = torch.tensor([4, 1, 2, 0, 2, 1])  # req 0: all 3 accepted; req 2: 0 and 2 kept, 1 != 3
     counts = [3, 0, 3]
     draft = torch.softmax(torch.randn(6, vocab, generator=torch.Generator().manual_seed(0)), -1)
-    case = (ids, counts, draft if with_draft_probs else None, target, torch.zeros(3),
-            torch.full((6,), 0.5), torch.ones(3, vocab))
+    case = (
+        ids,
+        counts,
+        draft if with_draft_probs else None,
+        target,
+        torch.zeros(3),
+        torch.full((6,), 0.5),
+        torch.ones(3, vocab),
+    )
     expected = [[4, 1, 2, 3], [0, -1, -1, -1], [0, 2, 3, -1]]
     assert reference.rejection_sample(*case).tolist() == expected
     assert run(verifier, octavo_device, case).tolist() == expected
 
 
-@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["point-mass-drafts", "draft-probs"])
+@pytest.mark.parametrize(
+    "with_draft_probs", [False, True], ids=["point-mass-drafts", "draft-probs"]
+)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_random_verification_matches_the_reference(verifier, octavo_device, octavo_conformance_quick,
-                                                  with_draft_probs, seed):
+def test_random_verification_matches_the_reference(
+    verifier, octavo_device, octavo_conformance_quick, with_draft_probs, seed
+):
     """Mixed greedy and random requests, some without drafts, a vocabulary that is not a power
     of two: the same accepted drafts and the same recovered or bonus tokens as the reference
     from the same uniforms and noise."""
@@ -64,7 +74,9 @@ def test_random_verification_matches_the_reference(verifier, octavo_device, octa
     case = random_case(counts, 37, seed, with_draft_probs, greedy_rows=(1, 3, 6))
     expected = reference.rejection_sample(*case)
     lengths = (expected >= 0).sum(1)
-    assert 1 < lengths.float().mean() < max(counts) + 1, "the case should accept some drafts, not all"
+    assert 1 < lengths.float().mean() < max(counts) + 1, (
+        "the case should accept some drafts, not all"
+    )
     assert torch.equal(run(verifier, octavo_device, case), expected)
 
 
@@ -82,9 +94,12 @@ def empirical(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.bincount(tokens, minlength=vocab).float() / max(tokens.numel(), 1)
 
 
-@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["point-mass-drafts", "draft-probs"])
-def test_emitted_tokens_follow_the_target_distribution(verifier, octavo_device, octavo_conformance_quick,
-                                                       with_draft_probs):
+@pytest.mark.parametrize(
+    "with_draft_probs", [False, True], ids=["point-mass-drafts", "draft-probs"]
+)
+def test_emitted_tokens_follow_the_target_distribution(
+    verifier, octavo_device, octavo_conformance_quick, with_draft_probs
+):
     """Lossless: 4000 requests verify two drafts drawn from a draft distribution far from the
     target (total variation 0.6), or fixed guesses; each emitted position follows the target's
     distribution there (5 standard errors of slack, about 0.04 at the first position; a

@@ -34,8 +34,12 @@ def test_rms_norm(octavo_platform, octavo_device, dtype, shape):
     x_dev = x.to(octavo_device, copy=True)
     out = fn(x_dev, weight.to(octavo_device))
     assert out.dtype == dtype and out.shape == x.shape
-    tolerances.assert_close(out, reference.rms_norm(x, weight, eps), tolerances.RMS_NORM[dtype],
-                            f"rms_norm {dtype} {shape}")
+    tolerances.assert_close(
+        out,
+        reference.rms_norm(x, weight, eps),
+        tolerances.RMS_NORM[dtype],
+        f"rms_norm {dtype} {shape}",
+    )
     assert torch.equal(x_dev.cpu(), x), "rms_norm without residual modified its input"
 
 
@@ -65,5 +69,9 @@ def test_eps_matters_for_small_inputs(octavo_platform, octavo_device, dtype):
     x, residual, weight = make_inputs(6, 64, dtype, seed=2, scale=1e-3)
     fn = octavo_platform.rms_norm(64, 1e-5, dtype)
     out = fn(x.to(octavo_device), weight.to(octavo_device))
-    tolerances.assert_close(out, reference.rms_norm(x, weight, 1e-5), tolerances.RMS_NORM[dtype],
-                            f"small-input rms_norm {dtype}")
+    tolerances.assert_close(
+        out,
+        reference.rms_norm(x, weight, 1e-5),
+        tolerances.RMS_NORM[dtype],
+        f"small-input rms_norm {dtype}",
+    )

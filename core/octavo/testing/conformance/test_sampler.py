@@ -66,8 +66,14 @@ def test_greedy_rows_in_a_mixed_batch(octavo_platform, octavo_device):
     """Temperature-0 rows stay argmax when other rows sample (with filters on)."""
     sampler = octavo_platform.sampler(VOCAB)
     logits = spaced_logits(6, VOCAB, seed=1)
-    specs = [RowSpec(0.0), RowSpec(1.0, keep_top_k=5), RowSpec(0.0), RowSpec(0.8, keep_top_p=4),
-             RowSpec(1.2, keep_min_p=3), RowSpec(0.0)]
+    specs = [
+        RowSpec(0.0),
+        RowSpec(1.0, keep_top_k=5),
+        RowSpec(0.0),
+        RowSpec(0.8, keep_top_p=4),
+        RowSpec(1.2, keep_min_p=3),
+        RowSpec(0.0),
+    ]
     params = [row_params(row, spec) for row, spec in zip(logits, specs)]
     metadata = make_metadata(params, octavo_device)
     tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
@@ -180,10 +186,17 @@ def test_seeded_rows_do_not_depend_on_the_batch(octavo_platform, octavo_device):
 
 
 DISTRIBUTION_SPECS = {
-    "mixed": (RowSpec(0.7, keep_top_k=6), RowSpec(1.3, keep_top_p=7),
-              RowSpec(1.0, keep_min_p=5), RowSpec(1.0)),
-    "all_top_k": (RowSpec(0.7, keep_top_k=6), RowSpec(1.3, keep_top_k=9, keep_top_p=5),
-                  RowSpec(1.0, keep_top_k=8, keep_min_p=4)),
+    "mixed": (
+        RowSpec(0.7, keep_top_k=6),
+        RowSpec(1.3, keep_top_p=7),
+        RowSpec(1.0, keep_min_p=5),
+        RowSpec(1.0),
+    ),
+    "all_top_k": (
+        RowSpec(0.7, keep_top_k=6),
+        RowSpec(1.3, keep_top_k=9, keep_top_p=5),
+        RowSpec(1.0, keep_top_k=8, keep_min_p=4),
+    ),
 }
 
 

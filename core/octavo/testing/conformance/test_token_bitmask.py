@@ -14,8 +14,9 @@ def make_inputs(num_rows, num_mask_rows, vocab, dtype, seed):
     logits = torch.randn(num_rows, vocab, generator=generator).to(dtype)
     words = -(-vocab // 32)
     # Full int32 range: bit 31 (the sign bit) must count like any other.
-    bitmask = torch.randint(-(2**31), 2**31 - 1, (num_mask_rows, words), generator=generator,
-                            dtype=torch.int64).to(torch.int32)
+    bitmask = torch.randint(
+        -(2**31), 2**31 - 1, (num_mask_rows, words), generator=generator, dtype=torch.int64
+    ).to(torch.int32)
     bitmask[0] = -1  # a row allowing everything
     return logits, bitmask
 
