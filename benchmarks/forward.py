@@ -27,7 +27,7 @@ import torch
 
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
-from octavo.model_executor.scheduler_output import (
+from octavo.sched.output import (
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,

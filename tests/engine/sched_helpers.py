@@ -6,10 +6,10 @@ import itertools
 from typing import Optional
 
 from octavo.config import SchedulerConfig
-from octavo.engine.scheduler import Scheduler
+from octavo.sched.scheduler import Scheduler
 from octavo.kv_cache.manager import KVCacheManager
 from octavo.kv_cache.transfers import TransferKind
-from octavo.model_executor.scheduler_output import SchedulerOutput
+from octavo.sched.output import SchedulerOutput
 from octavo.request import Request
 
 BLOCK_SIZE = 4

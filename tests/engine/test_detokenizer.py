@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octavo.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, TokenizerAdapter
+from octavo.outputs.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, TokenizerAdapter
 from octavo.testing.tokenizers import byte_level_bpe
 
 TEXTS = [

@@ -10,7 +10,7 @@ import pytest
 
 from engine_helpers import assert_pool_clean, generate_ids, make_llm, shared_prefix_prompts
 from octavo import SamplingParams
-from octavo.engine.request_state import RequestState
+from octavo.outputs.request_state import RequestState
 from octavo.model_executor import input_batch, logits_processors
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

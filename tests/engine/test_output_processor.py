@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from octavo.engine import EngineCoreOutput, FinishReason, OutputProcessor, StepLogprobs
+from octavo.engine.core_output import EngineCoreOutput
+from octavo.model_executor.runner_output import StepLogprobs
+from octavo.outputs import FinishReason
+from octavo.outputs.processor import OutputProcessor
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 from octavo.testing.tokenizers import byte_level_bpe

@@ -16,13 +16,9 @@ import torch
 
 from octavo.kv_cache.transfers import BlockTransfer, TransferKind
 from octavo.model_executor.model_runner import ModelRunner
-from octavo.model_executor.scheduler_output import (
-    CachedRequestData,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
+from octavo.model_executor.runner_output import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
+from octavo.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -147,7 +143,7 @@ class Driver:
             if req.req_id not in scheduled:
                 continue
             req.num_computed += scheduled[req.req_id]
-            tokens = result.sampled_token_ids[result.req_id_to_index[req.req_id]]
+            tokens = result.sampled_token_ids[result.req_ids.index(req.req_id)]
             assert len(tokens) == (1 if req.num_computed == req.num_tokens else 0)
             req.output += tokens
             if len(req.output) >= req.max_tokens:

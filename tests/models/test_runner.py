@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_cases import PROMPTS, blocks_needed
-from octavo.model_executor.scheduler_output import NewRequestData, SchedulerOutput
+from octavo.sched.output import NewRequestData, SchedulerOutput
 from octavo.sampling_params import SamplingParams
 from paged_driver import Driver
 
@@ -135,10 +135,12 @@ def test_logprobs_match_transformers(llama, make_runner, oracle):
             continue
         expected = torch.log_softmax(oracle.last_logits(llama, prompt), dim=-1)
         top = expected.topk(k)
-        assert entry.token_id == tokens[0] and entry.rank == 1
-        assert entry.logprob == pytest.approx(expected[tokens[0]].item(), abs=1e-4)
-        assert entry.top_token_ids == top.indices.tolist()
-        np.testing.assert_allclose(entry.top_logprobs, top.values.tolist(), atol=1e-4)
+        assert entry.num_positions() == 1  # one row per sampled token
+        (chosen, *top_ids), (chosen_logprob, *top_logprobs) = entry.token_ids[0], entry.logprobs[0]
+        assert chosen == tokens[0] and list(entry.ranks) == [1]
+        assert chosen_logprob == pytest.approx(expected[tokens[0]].item(), abs=1e-4)
+        assert top_ids == top.indices.tolist()
+        np.testing.assert_allclose(top_logprobs, top.values.tolist(), atol=1e-4)
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(llama, make_runner):

@@ -7,31 +7,20 @@ import logging
 from typing import Iterable, Optional
 
 from octavo.config import EngineArgs
-from octavo.engine.logprobs import StepLogprobs
-from octavo.engine.output_processor import EngineCoreOutput
-from octavo.engine.scheduler import Scheduler
-from octavo.engine.stop_checker import FinishReason
+from octavo.engine.core_output import EngineCoreOutput
 from octavo.errors import RequestError
 from octavo.kv_cache.manager import KVCacheManager
 from octavo.kv_cache.sizing import KVCacheSizing, plan_kv_cache
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
-from octavo.model_executor.scheduler_output import ModelRunnerOutput, TokenLogprobs
+from octavo.model_executor.runner_output import ModelRunnerOutput
+from octavo.outputs.types import FinishReason
 from octavo.platform.facade import Platform
 from octavo.request import Request, RequestStatus
 from octavo.sampling_params import SamplingParams
+from octavo.sched.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-
-def _step_logprobs(entry: Optional[TokenLogprobs]) -> Optional[StepLogprobs]:
-    if entry is None:
-        return None
-    return StepLogprobs(
-        token_ids=[[entry.token_id, *entry.top_token_ids]],
-        logprobs=[[entry.logprob, *entry.top_logprobs]],
-        ranks=[entry.rank],
-    )
 
 
 class EngineCore:
@@ -184,7 +173,7 @@ class EngineCore:
         ):
             if token_ids:
                 sampled[req_id] = token_ids
-                outputs.append(EngineCoreOutput(req_id, token_ids, _step_logprobs(logprobs)))
+                outputs.append(EngineCoreOutput(req_id, token_ids, logprobs))
         if runner_output.failed:
             self.scheduler.finish_requests(runner_output.failed, RequestStatus.FINISHED_ERROR)
             outputs += [

@@ -8,7 +8,7 @@ from typing import Iterable, Optional, Union
 
 from octavo.config import EngineArgs
 from octavo.engine.engine_core import EngineCore
-from octavo.engine.output_processor import OutputProcessor
+from octavo.outputs.processor import OutputProcessor
 from octavo.model_executor.loader import load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.platform.facade import Platform

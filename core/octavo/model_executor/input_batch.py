@@ -13,7 +13,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from octavo.model_executor.scheduler_output import NewRequestData
+from octavo.sched.output import NewRequestData
 from octavo.platform.types import SamplingMetadata
 from octavo.sampling_params import SamplingParams
 

@@ -1,4 +1,5 @@
-"""Log-probabilities of sampled tokens and their top alternatives, computed batched in fp32."""
+"""Log-probabilities of sampled tokens and their top alternatives, computed batched in fp32,
+as the one-position ``StepLogprobs`` rows the output side consumes."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-from octavo.model_executor.scheduler_output import TokenLogprobs
+from octavo.model_executor.runner_output import StepLogprobs
 
 
 def compute_logprobs(
     logits: torch.Tensor, sampled: torch.Tensor, num_logprobs: np.ndarray
-) -> list[Optional[TokenLogprobs]]:
+) -> list[Optional[StepLogprobs]]:
     """For each row of ``logits [S, V]`` whose ``num_logprobs`` is >= 0: the sampled token's
     logprob and rank and the ``num_logprobs`` most likely tokens (``log_softmax`` in fp32).
     Rows with ``num_logprobs`` -1 get None."""
-    out: list[Optional[TokenLogprobs]] = [None] * len(num_logprobs)
+    out: list[Optional[StepLogprobs]] = [None] * len(num_logprobs)
     rows = np.flatnonzero(num_logprobs >= 0)
     if len(rows) == 0:
         return out
@@ -39,7 +40,9 @@ def compute_logprobs(
     )
     for i, row in enumerate(rows.tolist()):
         n = int(num_logprobs[row])
-        out[row] = TokenLogprobs(
-            chosen_list[i], chosen_lp[i], ranks_list[i], top_ids_list[i][:n], top_values_list[i][:n]
+        out[row] = StepLogprobs(
+            token_ids=[[chosen_list[i], *top_ids_list[i][:n]]],
+            logprobs=[[chosen_lp[i], *top_values_list[i][:n]]],
+            ranks=[ranks_list[i]],
         )
     return out

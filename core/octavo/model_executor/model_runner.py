@@ -23,11 +23,8 @@ from octavo.model_executor.logits_processors import SamplingPenalties
 from octavo.model_executor.logprobs import compute_logprobs
 from octavo.model_executor.memory import PeakMemory, zeros_on_touch
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.scheduler_output import (
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
+from octavo.model_executor.runner_output import ModelRunnerOutput
+from octavo.sched.output import NewRequestData, SchedulerOutput
 from octavo.models.layers.attention import Attention
 from octavo.models.layers.linear import TPGroup
 from octavo.models.layers.widen import widen_matmuls
@@ -376,9 +373,7 @@ class ModelRunner:
             for i in np.flatnonzero(kept).tolist():
                 sampled_token_ids[rows[i]] = [int(tokens[i])]
                 logprobs[rows[i]] = row_logprobs[i]
-        return ModelRunnerOutput(
-            req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids, logprobs, failed
-        )
+        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed)
 
     def _process_logits(
         self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]

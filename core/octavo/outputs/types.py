@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Optional, Union
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sample ended; the value is the string users see in ``CompletionOutput``."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"  # the engine failed this request (see RequestOutput.error)
+
+
+StopReason = Union[int, str, None]
 
 
 @dataclasses.dataclass(slots=True)

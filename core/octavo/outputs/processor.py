@@ -12,32 +12,15 @@ import dataclasses
 import time
 from typing import Any, Iterable, Optional, Sequence
 
-from octavo.engine.detokenizer import TokenizerAdapter
-from octavo.engine.logprobs import StepLogprobs, build_logprob_dicts
-from octavo.engine.request_state import RequestState
-from octavo.engine.stop_checker import FinishReason, StopChecker, StopReason
-from octavo.outputs import PromptLogprobs, RequestMetrics, RequestOutput
+from octavo.outputs.detokenizer import TokenizerAdapter
+from octavo.engine.core_output import EngineCoreOutput
+from octavo.model_executor.runner_output import StepLogprobs
+from octavo.outputs.logprobs import build_logprob_dicts
+from octavo.outputs.request_state import RequestState
+from octavo.outputs.stop_checker import StopChecker
+from octavo.outputs.types import FinishReason
+from octavo.outputs.types import PromptLogprobs, RequestMetrics, RequestOutput
 from octavo.sampling_params import SEED_MAX, RequestOutputKind, SamplingParams
-
-
-@dataclasses.dataclass(slots=True)
-class EngineCoreOutput:
-    """What one engine step produced for one engine request.
-
-    ``new_logprobs`` has one row per new token when the request asked for logprobs;
-    ``new_prompt_logprobs`` one row per newly computed prompt position after the first (for
-    n > 1, reported on the child with index 0). ``finish_reason`` is set when the core itself
-    ended the request (an abort, the model's length, or an ``error``, described by ``error``);
-    the core may also leave every stop check to the processor.
-    """
-
-    request_id: str
-    new_token_ids: Sequence[int] = ()
-    new_logprobs: Optional[StepLogprobs] = None
-    new_prompt_logprobs: Optional[StepLogprobs] = None
-    finish_reason: Optional[FinishReason] = None
-    stop_reason: StopReason = None
-    error: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

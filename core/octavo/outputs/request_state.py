@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from octavo.engine.detokenizer import IncrementalDetokenizer, TokenizerAdapter
-from octavo.engine.logprobs import StepLogprobs, build_logprob_dicts
-from octavo.engine.stop_checker import FinishReason, StopChecker, StopReason
-from octavo.outputs import CompletionOutput, Logprob
+from octavo.outputs.detokenizer import IncrementalDetokenizer, TokenizerAdapter
+from octavo.model_executor.runner_output import StepLogprobs
+from octavo.outputs.logprobs import build_logprob_dicts
+from octavo.outputs.stop_checker import StopChecker
+from octavo.outputs.types import FinishReason, StopReason
+from octavo.outputs.types import CompletionOutput, Logprob
 from octavo.sampling_params import SamplingParams
 
 

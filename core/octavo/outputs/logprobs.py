@@ -1,36 +1,18 @@
-"""Log-probabilities from the model runner turned into vLLM-style per-position dicts."""
+"""Log-probabilities from the model runner (``StepLogprobs``) turned into vLLM-style
+per-position dicts."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from octavo.engine.detokenizer import TokenizerAdapter
-from octavo.outputs import Logprob
+from octavo.model_executor.runner_output import StepLogprobs
+from octavo.outputs.detokenizer import TokenizerAdapter
+from octavo.outputs.types import Logprob
 
 
 def _as_list(values: Any) -> list:
     # numpy arrays and torch tensors convert in one call; lists pass through.
     return values.tolist() if hasattr(values, "tolist") else list(values)
-
-
-@dataclasses.dataclass(slots=True)
-class StepLogprobs:
-    """Log-probabilities the runner computed for consecutive positions of one request.
-
-    Row ``r`` is one position. Column 0 of ``token_ids``/``logprobs`` is the chosen token (the
-    sampled one, or for prompt logprobs the prompt's actual next token); columns 1.. are the top
-    alternatives in descending order (at least as many as the request asked for). ``ranks[r]``
-    is the chosen token's 1-based rank in the vocabulary. Lists, numpy arrays or CPU tensors.
-    """
-
-    token_ids: Sequence[Sequence[int]]
-    logprobs: Sequence[Sequence[float]]
-    ranks: Sequence[int]
-
-    def num_positions(self) -> int:
-        """How many positions (rows) this holds."""
-        return len(self.ranks)
 
 
 def build_logprob_dicts(

@@ -5,7 +5,7 @@ copies to perform first, and the requests that finished."""
 from __future__ import annotations
 
 from octavo.kv_cache.manager import KVCacheManager
-from octavo.model_executor.scheduler_output import (
+from octavo.sched.output import (
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,

@@ -1,4 +1,5 @@
-"""What crosses from the scheduler to the workers each step, and what comes back.
+"""What crosses from the scheduler to the model runner each step (the runner's answer is
+``octavo.model_executor.runner_output``).
 
 The scheduler sends full data only for requests a worker has not seen (``NewRequestData``) and
 deltas for the rest (``CachedRequestData``); the worker keeps a persistent batch. Ownership of
@@ -74,34 +75,3 @@ class SchedulerOutput:
     @classmethod
     def empty(cls) -> "SchedulerOutput":
         return cls([], [], {}, 0)
-
-
-@dataclasses.dataclass(slots=True)
-class TokenLogprobs:
-    """Log-probabilities (fp32 ``log_softmax`` of the model's logits, before any sampling
-    transform) of one sampled token and the top alternatives at that position."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    """1 + the number of tokens more likely than the sampled one."""
-    top_token_ids: list[int]
-    top_logprobs: list[float]
-
-
-@dataclasses.dataclass(slots=True)
-class ModelRunnerOutput:
-    """Sampled tokens per scheduled request, in batch order; empty lists where nothing was
-    sampled (partial prefill chunks). ``failed`` maps the requests the step could not sample
-    for (their logits processing failed, or no token was left) to why: they end with an error,
-    the others go on."""
-
-    req_ids: list[str]
-    req_id_to_index: dict[str, int]
-    sampled_token_ids: list[list[int]]
-    logprobs: list[Optional[TokenLogprobs]]
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def empty(cls) -> "ModelRunnerOutput":
-        return cls([], {}, [], [])

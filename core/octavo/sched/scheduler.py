@@ -12,11 +12,11 @@ import dataclasses
 from typing import Iterable, Optional
 
 from octavo.config import SchedulerConfig
-from octavo.engine.batch_delta import BatchDeltaBuilder
-from octavo.engine.parallel_sampling import SiblingForks
-from octavo.engine.request_queue import make_queue, preemption_order_key
+from octavo.sched.batch_delta import BatchDeltaBuilder
+from octavo.sched.forks import SiblingForks
+from octavo.sched.request_queue import make_queue, preemption_order_key
 from octavo.kv_cache.manager import KVCacheManager
-from octavo.model_executor.scheduler_output import SchedulerOutput
+from octavo.sched.output import SchedulerOutput
 from octavo.request import Request, RequestStatus
 
 

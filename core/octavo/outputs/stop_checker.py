@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import enum
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional
 
+from octavo.outputs.types import FinishReason, StopReason
 from octavo.sampling_params import SamplingParams
-
-
-class FinishReason(str, enum.Enum):
-    """Why a sample ended; the value is the string users see in ``CompletionOutput``."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    ERROR = "error"  # the engine failed this request (see RequestOutput.error)
-
-
-StopReason = Union[int, str, None]
 
 
 class StopMatch(NamedTuple):
