@@ -81,8 +81,6 @@ class Request:
         mm_positions: Optional[Sequence[tuple[int, int]]] = None,
         block_hasher: Optional[BlockHasherFn] = None,
     ):
-        if len(prompt_token_ids) == 0:
-            raise ValueError(f"request {request_id!r}: the prompt must contain at least one token")
         if mm_positions is not None and len(mm_positions) != len(mm_hashes):
             raise ValueError(
                 f"request {request_id!r}: mm_positions has {len(mm_positions)} entries but "

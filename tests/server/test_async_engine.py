@@ -33,6 +33,11 @@ def thread_cpu_seconds(native_id: int) -> float:
     raise AssertionError("engine thread not found")
 
 
+
+def _request(async_engine, request_id, prompt, params):
+    """An engine request through the engine's input processor, as the server makes one."""
+    return async_engine.engine.input_processor.process(request_id, prompt, params)
+
 def test_idle_loop_blocks_instead_of_spinning(async_engine):
     async def main() -> float:
         async_engine.start()
@@ -52,7 +57,7 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
 
     async def collect() -> tuple[str, list[int], int]:
         text, token_ids, num_outputs = "", [], 0
-        async for output in async_engine.generate("a", "once upon a time", params):
+        async for output in async_engine.generate(_request(async_engine, "a", "once upon a time", params)):
             text += output.outputs[0].text
             token_ids += output.outputs[0].token_ids
             num_outputs += 1
@@ -65,7 +70,7 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
         first = asyncio.Event()
 
         async def consume():
-            async for _ in async_engine.generate("b", "the cat", long):
+            async for _ in async_engine.generate(_request(async_engine, "b", "the cat", long)):
                 first.set()
 
         with EngineGate(async_engine.engine, passes=1):
@@ -104,10 +109,10 @@ def test_bad_prompt_is_refused_and_the_loop_lives_on(async_engine):
     async def main():
         async_engine.start()
         with pytest.raises(ValueError, match="empty"):
-            async for _ in async_engine.generate("bad", [], SamplingParams()):
+            async for _ in async_engine.generate(_request(async_engine, "bad", [], SamplingParams())):
                 pass
         outputs = [
-            o async for o in async_engine.generate("good", [1, 5, 9], SamplingParams(max_tokens=2))
+            o async for o in async_engine.generate(_request(async_engine, "good", [1, 5, 9], SamplingParams(max_tokens=2)))
         ]
         return outputs[-1]
 
@@ -124,7 +129,7 @@ def test_shutdown_fails_requests_in_flight(async_engine):
         # Held in the request's 2nd step until shutdown has been asked, so it is in flight then
         # however fast the machine is; timeout=0: ask, and do not wait for the held thread.
         with EngineGate(async_engine.engine, passes=1):
-            generator = async_engine.generate("long", "the dog", params)
+            generator = async_engine.generate(_request(async_engine, "long", "the dog", params))
             await generator.__anext__()
             async_engine.shutdown(timeout=0)
         with pytest.raises(EngineDeadError, match="shut down"):
@@ -132,7 +137,7 @@ def test_shutdown_fails_requests_in_flight(async_engine):
                 pass
         await asyncio.to_thread(async_engine.shutdown)  # wait for the thread to end
         with pytest.raises(EngineDeadError):
-            await async_engine.generate("late", "x", params).__anext__()
+            await async_engine.generate(_request(async_engine, "late", "x", params)).__anext__()
 
     asyncio.run(main())
     assert not async_engine.is_alive

@@ -23,14 +23,13 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 from typing import AsyncIterator, Optional, Union
 
-from octavo.engine.llm_engine import LLMEngine, PromptType
+from octavo.engine.llm_engine import LLMEngine
 from octavo.errors import RequestError
+from octavo.inputs import ProcessedRequest
 from octavo.metrics import EngineMetrics
 from octavo.outputs import RequestOutput
-from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +49,7 @@ class _Stream:
 
 @dataclasses.dataclass(slots=True)
 class _AddCommand:
-    request_id: str
-    prompt: PromptType
-    params: SamplingParams
-    priority: int
-    cache_salt: Optional[str]
-    arrival_time: float
+    request: ProcessedRequest
     stream: _Stream
 
 
@@ -117,23 +111,18 @@ class AsyncEngine:
     # --- the event loop's side ----------------------------------------------------------------
 
     async def generate(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        cache_salt: Optional[str] = None,
-        record_metrics: bool = True,
+        self, request: ProcessedRequest, *, record_metrics: bool = True
     ) -> AsyncIterator[RequestOutput]:
-        """Run one request; yield its RequestOutputs until the finished one.
+        """Run one request (from ``engine.input_processor.process``); yield its RequestOutputs
+        until the finished one.
 
         Leaving early (the consumer is cancelled or closes the iterator) aborts the request.
         Raises ValueError for a request the engine refuses, RequestError if the engine failed
         this request alone, EngineDeadError if the loop dies.
         """
+        request_id = request.request_id
         stream = _Stream(asyncio.Queue(), record_metrics)
-        command = _AddCommand(request_id, prompt, params, priority, cache_salt, time.time(), stream)
+        command = _AddCommand(request, stream)
         with self._submit_lock:
             if not self.is_alive:
                 raise EngineDeadError(self.dead_reason)
@@ -198,22 +187,15 @@ class AsyncEngine:
                 return True
 
     def _add(self, command: _AddCommand) -> None:
+        request = command.request
         try:
-            text, token_ids = self.engine.tokenize(command.prompt)
-            self.engine.add_request(
-                command.request_id,
-                {"prompt": text, "prompt_token_ids": token_ids},
-                command.params,
-                priority=command.priority,
-                cache_salt=command.cache_salt,
-                arrival_time=command.arrival_time,
-            )
+            self.engine.add_processed_request(request)
         except Exception as exc:  # noqa: BLE001 - a refused request must not end the loop
             self._send([(command.stream.outputs, exc)])
             return
-        self._streams[command.request_id] = command.stream
+        self._streams[request.request_id] = command.stream
         if command.stream.record_metrics:
-            self.metrics.on_request_added(len(token_ids))
+            self.metrics.on_request_added(len(request.prompt.token_ids))
 
     def _deliver(self, outputs: list[RequestOutput], aborted: Optional[list[str]] = None) -> None:
         items = []

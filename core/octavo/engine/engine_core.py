@@ -9,6 +9,7 @@ from typing import Iterable, Optional
 from octavo.config import EngineArgs
 from octavo.engine.core_output import EngineCoreOutput
 from octavo.errors import RequestError
+from octavo.inputs import RequestOptions
 from octavo.kv_cache.manager import KVCacheManager
 from octavo.kv_cache.sizing import KVCacheSizing, plan_kv_cache
 from octavo.model_executor.model_config import ModelConfig
@@ -100,25 +101,22 @@ class EngineCore:
     # --- requests -----------------------------------------------------------------------------
 
     def make_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        options: RequestOptions,
     ) -> Request:
-        """A Request hashed for this engine's prefix cache, after checking it fits the model."""
-        max_model_len = self.model_config.max_model_len
-        if len(prompt_token_ids) >= max_model_len:
-            raise ValueError(
-                f"the prompt has {len(prompt_token_ids)} tokens but the model's context is {max_model_len} "
-                f"tokens (including at least one output token); shorten the prompt"
-            )
-        vocab_size = self.model_config.vocab_size
-        if any(not 0 <= t < vocab_size for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab_size}) for this model")
-        params = params.for_vocabulary(vocab_size, self.model_config.eos_token_ids)
+        """A Request hashed for this engine's prefix cache. The prompt and params must come
+        from the ``InputProcessor`` (checked against this model)."""
         return Request(
             request_id,
             prompt_token_ids,
             params,
+            arrival_time=options.arrival_time,
+            priority=options.priority,
+            cache_salt=options.cache_salt,
             block_hasher=self.kv_cache_manager.block_hasher,
-            **kwargs,
         )
 
     def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:

@@ -1,4 +1,4 @@
-"""LLMEngine: the synchronous engine: tokenise, add requests, step, and build RequestOutputs."""
+"""LLMEngine: the synchronous engine: process inputs, add requests, step, build RequestOutputs."""
 
 from __future__ import annotations
 
@@ -8,26 +8,31 @@ from typing import Iterable, Optional, Union
 
 from octavo.config import EngineArgs
 from octavo.engine.engine_core import EngineCore
-from octavo.outputs.processor import OutputProcessor
+from octavo.inputs import InputProcessor, ProcessedRequest, PromptType, RequestOptions
 from octavo.model_executor.loader import load_tokenizer
 from octavo.outputs import RequestOutput
+from octavo.outputs.processor import OutputProcessor
 from octavo.platform.facade import Platform
 from octavo.request import RequestStatus
 from octavo.sampling_defaults import load_sampling_defaults
 from octavo.sampling_params import SamplingParams
 
-PromptType = Union[str, list[int], dict]
 logger = logging.getLogger("octavo.engine")
 
 
 class LLMEngine:
-    """An engine core plus its tokenizer and output processor, driven by ``step()``."""
+    """An engine core with its input processor (tokenizer included) and output processor,
+    driven by ``step()``."""
 
     def __init__(self, args: EngineArgs, platform: Optional[Platform] = None):
         self.core = EngineCore(args, platform)
         self.args = self.core.args
         self.model_config = self.core.model_config
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
+        mc = self.model_config
+        self.input_processor = InputProcessor(
+            self.tokenizer, mc.vocab_size, mc.max_model_len, mc.eos_token_ids
+        )
         eos = (
             self.model_config.eos_token_ids[0]
             if self.model_config.eos_token_ids
@@ -43,7 +48,8 @@ class LLMEngine:
         )
         if self.sampling_defaults:
             logger.info(
-                "requests that leave them unset get the generation config's %s (--generation-config vllm ignores it)",
+                "requests that leave them unset get the generation config's %s "
+                "(--generation-config vllm ignores it)",
                 self.sampling_defaults,
             )
         self._ids = itertools.count()
@@ -54,30 +60,6 @@ class LLMEngine:
 
     def next_request_id(self) -> str:
         return str(next(self._ids))
-
-    def tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        """``prompt`` as (text, token ids): a string, a list of token ids, or
-        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``."""
-        text = None
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                text, prompt = prompt.get("prompt"), prompt["prompt_token_ids"]
-            else:
-                prompt = prompt.get("prompt")
-        if isinstance(prompt, str):
-            text, token_ids = prompt, (self.tokenizer.encode(prompt) if prompt else [])
-        elif isinstance(prompt, (list, tuple)) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            token_ids = list(prompt)
-        else:
-            raise ValueError(
-                "a prompt must be text, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
-                f"got {type(prompt).__name__}"
-            )
-        if not token_ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        return text, token_ids
 
     def add_request(
         self,
@@ -90,29 +72,28 @@ class LLMEngine:
         arrival_time: Optional[float] = None,
     ) -> None:
         """Validate and queue one user request (its ``n`` samples fork one prompt)."""
-        text, token_ids = self.tokenize(prompt)
-        requests = []
-        children = self.output_processor.add_request(
-            request_id, token_ids, params, prompt=text, arrival_time=arrival_time
+        options = RequestOptions(priority, cache_salt, arrival_time)
+        self.add_processed_request(
+            self.input_processor.process(request_id, prompt, params, options)
         )
-        try:
-            for child in children:
-                requests.append(
-                    self.core.make_request(
-                        child.request_id,
-                        token_ids,
-                        child.sampling_params,
-                        priority=priority,
-                        cache_salt=cache_salt,
-                        arrival_time=arrival_time,
-                    )
-                )
-        except ValueError:
-            self.output_processor.abort_requests([request_id])
-            raise
-        fork_group = request_id if len(children) > 1 else None
-        for request in requests:
-            self.core.add_request(request, fork_group)
+
+    def add_processed_request(self, request: ProcessedRequest) -> None:
+        """Queue a request the input processor has already tokenised and checked."""
+        token_ids, options = request.prompt.token_ids, request.options
+        children = self.output_processor.add_request(
+            request.request_id,
+            token_ids,
+            request.params,
+            prompt=request.prompt.text,
+            arrival_time=options.arrival_time,
+        )
+        requests = [
+            self.core.make_request(child.request_id, token_ids, child.sampling_params, options)
+            for child in children
+        ]
+        parent_id = request.request_id if len(children) > 1 else None
+        for engine_request in requests:
+            self.core.add_request(engine_request, parent_id)
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> list[RequestOutput]:
         """Abort user requests; returns their final outputs (finish_reason "abort")."""

@@ -8,7 +8,8 @@ from typing import Any, Optional, Sequence, Union
 from tqdm.auto import tqdm
 
 from octavo.config import EngineArgs
-from octavo.engine.llm_engine import LLMEngine, PromptType
+from octavo.engine.llm_engine import LLMEngine
+from octavo.inputs import PromptType, TokensPrompt
 from octavo.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_one
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -78,22 +79,21 @@ class LLM:
             except ValueError as exc:
                 raise ValueError(f"cannot render the chat template: {exc}") from exc
             # The template writes its own special tokens (BOS included), so add none here.
-            prompts.append(
-                {
-                    "prompt": text,
-                    "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False),
-                }
-            )
+            token_ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append(TokensPrompt(prompt_token_ids=token_ids, prompt=text))
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def beam_search(
         self, prompts: Union[PromptType, Sequence[PromptType]], params: BeamSearchParams
     ) -> list[BeamSearchOutput]:
         """The ``params.beam_width`` best continuations of each prompt (deterministic)."""
-        return [
-            beam_search_one(self, self.engine.tokenize(p)[1], params)
-            for p in self._as_list(prompts)
-        ]
+        inputs = self.engine.input_processor
+        outputs = []
+        for prompt in self._as_list(prompts):
+            token_ids = inputs.tokenize(prompt).token_ids
+            inputs.check_prompt(token_ids)
+            outputs.append(beam_search_one(self, token_ids, params))
+        return outputs
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

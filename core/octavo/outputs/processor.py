@@ -190,14 +190,11 @@ class OutputProcessor:
         return children
 
     def _max_output_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> Optional[int]:
+        """``max_tokens`` capped by the room the context leaves (the input processor has made
+        sure there is some)."""
         if self._max_model_len is None:
             return params.max_tokens
         room = self._max_model_len - num_prompt_tokens
-        if room < 1:
-            raise ValueError(
-                f"prompt is {num_prompt_tokens} tokens, which leaves no room to generate within "
-                f"max_model_len={self._max_model_len}; shorten the prompt"
-            )
         return room if params.max_tokens is None else min(room, params.max_tokens)
 
     def process_outputs(self, core_outputs: Iterable[EngineCoreOutput]) -> ProcessedOutputs:

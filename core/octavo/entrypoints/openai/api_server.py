@@ -40,6 +40,7 @@ from octavo.entrypoints.openai.serving_chat import create_chat_completion
 from octavo.entrypoints.openai.serving_common import ServerConfig, ServingContext
 from octavo.entrypoints.openai.serving_completion import create_completion
 from octavo.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from octavo.inputs import TokensPrompt
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("octavo.entrypoints.openai")
@@ -120,11 +121,10 @@ def _add_health_routes(app: FastAPI, ctx: ServingContext) -> None:
 async def _one_token(ctx: ServingContext) -> None:
     """Generate one greedy token (not counted in the request metrics)."""
     bos = getattr(ctx.tokenizer, "bos_token_id", None)
-    prompt = {"prompt_token_ids": [bos if bos is not None else 0]}
+    prompt = TokensPrompt(prompt_token_ids=[bos if bos is not None else 0])
     params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
-    async for _ in ctx.engine.generate(
-        f"ready-{uuid.uuid4().hex}", prompt, params, record_metrics=False
-    ):
+    request = ctx.input_processor.process(f"ready-{uuid.uuid4().hex}", prompt, params)
+    async for _ in ctx.engine.generate(request, record_metrics=False):
         pass
 
 

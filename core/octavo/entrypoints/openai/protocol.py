@@ -86,9 +86,6 @@ class SamplingRequest(RequestModel):
 
         ``defaults`` (the generation config's, see octavo.sampling_defaults) fill the fields the
         request leaves unset, and its ``max_tokens`` caps the output length."""
-        if self.cache_salt is not None and not self.cache_salt:
-            raise ValueError("cache_salt must be a non-empty string when given")
-
         def unset_gets_default(field: str, library_default: Any) -> Any:
             value = getattr(self, field)
             return defaults.get(field, library_default) if value is None else value

@@ -31,6 +31,7 @@ from octavo.entrypoints.openai.serving_common import (
     sse,
     usage_event,
 )
+from octavo.inputs import TokensPrompt
 from octavo.outputs import CompletionOutput, Logprob, SampleLogprobs
 
 
@@ -66,7 +67,7 @@ def render_chat(
 def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
     """A 400 naming the body field at fault (message errors name ``messages``)."""
     error = from_value_error(
-        exc, SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt"}
+        exc, SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt", "priority"}
     )
     if error.param in ("role", "content"):
         error.param = "messages"
@@ -100,7 +101,6 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
             else body.max_tokens
         )
         params = body.sampling_params(max_tokens, num_logprobs, ctx.sampling_defaults)
-        params = ctx.fit_params(params)
     except ValueError as exc:
         raise _param_error(exc, body) from None
     token_ids = render_chat(
@@ -110,13 +110,19 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
         body.continue_final_message,
         body.chat_template_kwargs,
     )
-    ctx.check_tokens(token_ids, "messages")
-    max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    ctx.check_length(len(token_ids), params.max_tokens, "messages", max_param)
     request_id = new_request_id("chatcmpl")
-    prompts = [{"prompt": None, "prompt_token_ids": token_ids}]
+    request = ctx.process(
+        f"{request_id}-0",
+        TokensPrompt(prompt_token_ids=token_ids),
+        params,
+        body,
+        "messages",
+        lambda exc: _param_error(exc, body),
+    )
+    max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    ctx.check_max_tokens(len(token_ids), params.max_tokens, "messages", max_param)
     admission = ctx.admit(1)
-    generators = ctx.start(request_id, prompts, params, body)
+    generators = ctx.start(request_id, [request])
     if body.stream:
         stream = event_stream(_stream(ctx, request_id, body, len(token_ids), generators), admission)
         return StreamingResponse(

@@ -1,5 +1,6 @@
-"""What the completion and chat handlers share: parsing, admission, length checks, running
-engine requests (merged, or cancelled when the client goes away) and SSE framing."""
+"""What the completion and chat handlers share: parsing, turning prompts into engine requests
+(through the engine's input processor), admission, running them (merged, or cancelled when the
+client goes away) and SSE framing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from typing import Any, AsyncIterator, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -23,6 +24,7 @@ from octavo.entrypoints.openai.errors import (
 )
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
 from octavo.errors import RequestError
+from octavo.inputs import ProcessedRequest, PromptError, PromptType, RequestOptions
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -70,9 +72,8 @@ class ServingContext:
         self.engine = engine
         self.config = config
         self.tokenizer = engine.engine.tokenizer
+        self.input_processor = engine.engine.input_processor
         self.max_model_len = engine.engine.model_config.max_model_len
-        self.vocab_size = engine.engine.model_config.vocab_size
-        self.eos_token_ids = engine.engine.model_config.eos_token_ids
         self.sampling_defaults = engine.engine.sampling_defaults
         self.capacity = (
             None
@@ -101,35 +102,38 @@ class ServingContext:
                 code="model_not_found",
             )
 
-    def check_tokens(self, token_ids: Sequence[int], param: str) -> None:
-        """400 for an empty prompt or token ids outside the vocabulary."""
-        if not token_ids:
-            raise bad_request(f"{param} is empty; give at least one token", param=param)
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param=param)
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        body: Any,
+        prompt_param: str,
+        param_error: Callable[[ValueError], OpenAIError],
+    ) -> ProcessedRequest:
+        """One engine request from ``prompt`` through the engine's input processor (the one
+        place a prompt is tokenised and checked), or a 400: ``prompt_param`` names the body field
+        at fault for the prompt, ``param_error`` maps the other fields' errors."""
+        try:
+            options = RequestOptions(priority=body.priority, cache_salt=body.cache_salt)
+            return self.input_processor.process(request_id, prompt, params, options)
+        except PromptError as exc:
+            raise bad_request(str(exc), param=prompt_param, code=exc.code) from None
+        except ValueError as exc:
+            raise param_error(exc) from None
 
-    def fit_params(self, params: SamplingParams) -> SamplingParams:
-        """``params`` checked against the model's vocabulary here, before admission, so a bad
-        token id is a 400 at once, not after the engine's current step."""
-        return params.for_vocabulary(self.vocab_size, self.eos_token_ids)
-
-    def check_length(
+    def check_max_tokens(
         self, num_prompt_tokens: int, max_tokens: Optional[int], param: str, max_tokens_param: str
     ) -> None:
-        """400 when the prompt, or the prompt plus ``max_tokens``, does not fit the context."""
+        """400 when the prompt plus ``max_tokens`` does not fit the context (vLLM's server
+        refuses it; the offline API caps the output at the context instead)."""
         limit = self.max_model_len
-        if num_prompt_tokens >= limit:
-            raise bad_request(
-                f"this model's context is {limit} tokens and the {param} has {num_prompt_tokens} tokens, "
-                "leaving no room for output; shorten it",
-                param=param,
-                code="context_length_exceeded",
-            )
         if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
             raise bad_request(
-                f"this model's context is {limit} tokens; you asked for {num_prompt_tokens + max_tokens} "
-                f"({num_prompt_tokens} in the {param}, {max_tokens} to generate); lower {max_tokens_param} "
-                f"to at most {limit - num_prompt_tokens}",
+                f"this model's context is {limit} tokens; you asked for "
+                f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the {param}, "
+                f"{max_tokens} to generate); lower {max_tokens_param} to at most "
+                f"{limit - num_prompt_tokens}",
                 param=max_tokens_param,
                 code="context_length_exceeded",
             )
@@ -151,27 +155,19 @@ class ServingContext:
     # --- running --------------------------------------------------------------------------------
 
     def start(
-        self, request_id: str, prompts: Sequence[dict], params: SamplingParams, body: Any
+        self, request_id: str, requests: Sequence[ProcessedRequest]
     ) -> list[AsyncIterator[RequestOutput]]:
-        """One engine request per prompt (ids ``{request_id}-{i}``); nothing is sent until iterated."""
-        if self.config.log_requests:
+        """One output stream per engine request of the HTTP request ``request_id``; nothing is
+        sent until iterated."""
+        if self.config.log_requests and requests:
             logger.info(
                 "request %s: %d prompt(s) of %s tokens, %s",
                 request_id,
-                len(prompts),
-                [len(p["prompt_token_ids"]) for p in prompts],
-                params,
+                len(requests),
+                [len(r.prompt.token_ids) for r in requests],
+                requests[0].params,
             )
-        return [
-            self.engine.generate(
-                f"{request_id}-{i}",
-                prompt,
-                params,
-                priority=body.priority,
-                cache_salt=body.cache_salt,
-            )
-            for i, prompt in enumerate(prompts)
-        ]
+        return [self.engine.generate(request) for request in requests]
 
     async def collect(
         self, raw_request: Request, generators: list[AsyncIterator[RequestOutput]]

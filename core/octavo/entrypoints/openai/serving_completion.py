@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from octavo.entrypoints.openai.errors import bad_request, from_value_error
+from octavo.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error
 from octavo.entrypoints.openai.protocol import (
     SAMPLING_FIELDS,
     CompletionChoice,
@@ -30,11 +30,12 @@ from octavo.entrypoints.openai.serving_common import (
     sse,
     usage_event,
 )
+from octavo.inputs import ProcessedPrompt, PromptType
 from octavo.outputs import CompletionOutput, SampleLogprobs
 
 
-def _prompts(ctx: ServingContext, prompt) -> list[dict]:
-    """Each prompt as ``{"prompt": text or None, "prompt_token_ids": ids}``."""
+def _prompts(prompt) -> list[PromptType]:
+    """The body's ``prompt`` as a list of prompts (text or token ids)."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
@@ -42,15 +43,12 @@ def _prompts(ctx: ServingContext, prompt) -> list[dict]:
             "prompt is empty; give text, a list of texts, token ids or lists of token ids",
             param="prompt",
         )
-    prompts = []
-    for item in prompt:
-        if isinstance(item, str):
-            text, token_ids = item, (ctx.tokenizer.encode(item) if item else [])
-        else:
-            text, token_ids = None, list(item)
-        ctx.check_tokens(token_ids, "prompt")
-        prompts.append({"prompt": text, "prompt_token_ids": token_ids})
-    return prompts
+    return list(prompt)
+
+
+def _param_error(exc: ValueError) -> OpenAIError:
+    """A 400 naming the body field at fault."""
+    return from_value_error(exc, SAMPLING_FIELDS | {"cache_salt", "priority"})
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
@@ -72,17 +70,21 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     body = ctx.parse(CompletionRequest, await raw_request.body())
     ctx.check_model(body.model)
     _check_unsupported(body)
-    prompts = _prompts(ctx, body.prompt)
     try:
         params = body.sampling_params(body.max_tokens, body.logprobs, ctx.sampling_defaults)
-        params = ctx.fit_params(params)
     except ValueError as exc:
-        raise from_value_error(exc, SAMPLING_FIELDS | {"cache_salt"}) from None
-    for prompt in prompts:
-        ctx.check_length(len(prompt["prompt_token_ids"]), params.max_tokens, "prompt", "max_tokens")
+        raise _param_error(exc) from None
     request_id = new_request_id("cmpl")
+    requests = [
+        ctx.process(f"{request_id}-{i}", prompt, params, body, "prompt", _param_error)
+        for i, prompt in enumerate(_prompts(body.prompt))
+    ]
+    for request in requests:
+        num_prompt_tokens = len(request.prompt.token_ids)
+        ctx.check_max_tokens(num_prompt_tokens, params.max_tokens, "prompt", "max_tokens")
+    prompts = [request.prompt for request in requests]
     admission = ctx.admit(len(prompts))
-    generators = ctx.start(request_id, prompts, params, body)
+    generators = ctx.start(request_id, requests)
     if body.stream:
         stream = event_stream(_stream(ctx, request_id, body, prompts, generators), admission)
         return StreamingResponse(
@@ -98,7 +100,7 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
 
 
 def _response(
-    ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[dict], finals
+    ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[ProcessedPrompt], finals
 ) -> CompletionResponse:
     choices = []
     num_completion_tokens = 0
@@ -116,7 +118,7 @@ def _response(
                     i * body.n + completion.index, prefix + completion.text, logprobs, completion
                 )
             )
-    num_prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+    num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
     usage = UsageInfo(
         prompt_tokens=num_prompt_tokens,
         completion_tokens=num_completion_tokens,
@@ -131,7 +133,7 @@ async def _stream(
     ctx: ServingContext,
     request_id: str,
     body: CompletionRequest,
-    prompts: list[dict],
+    prompts: list[ProcessedPrompt],
     generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
     # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
@@ -173,7 +175,7 @@ async def _stream(
                 }
                 yield sse({**head, "choices": [choice], "usage": None})
     if body.include_usage:
-        num_prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+        num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
         yield usage_event(head, num_prompt_tokens, num_completion_tokens)
 
 
@@ -189,10 +191,10 @@ def _choice(
     )
 
 
-def _echo_text(ctx: ServingContext, prompt: dict) -> str:
-    if prompt["prompt"] is not None:
-        return prompt["prompt"]
-    return ctx.tokenizer.decode(prompt["prompt_token_ids"], skip_special_tokens=True)
+def _echo_text(ctx: ServingContext, prompt: ProcessedPrompt) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return ctx.tokenizer.decode(prompt.token_ids, skip_special_tokens=True)
 
 
 def _logprobs(positions: Optional[SampleLogprobs], num_top: int, offset: int) -> CompletionLogprobs:

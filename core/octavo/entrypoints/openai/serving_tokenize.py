@@ -39,6 +39,7 @@ async def detokenize(ctx: ServingContext, raw_request: Request) -> Response:
     """``{"tokens": [...]}`` -> ``{"prompt": text}``."""
     body = ctx.parse(DetokenizeRequest, await raw_request.body())
     ctx.check_model(body.model)
-    if body.tokens:
-        ctx.check_tokens(body.tokens, "tokens")
+    vocab_size = ctx.input_processor.vocab_size
+    if body.tokens and (min(body.tokens) < 0 or max(body.tokens) >= vocab_size):
+        raise bad_request(f"tokens has token ids outside [0, {vocab_size})", param="tokens")
     return JSONResponse({"prompt": ctx.tokenizer.decode(body.tokens)})
