@@ -82,7 +82,7 @@ class InputProcessor:
         )
 
     def check_prompt(self, token_ids: Sequence[int]) -> None:
-        """The prompt is not empty, its ids are in the vocabulary, and it leaves room to generate."""
+        """The prompt is not empty, its ids are in the vocabulary, and it leaves room for output."""
         if not token_ids:
             raise PromptError("prompt is empty; give at least one token")
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
