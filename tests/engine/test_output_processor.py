@@ -45,7 +45,7 @@ def feed(processor, request_id, token_ids, per_step=1):
             [EngineCoreOutput(request_id, token_ids[start : start + per_step])]
         )
         outputs += result.request_outputs
-        to_abort += result.reqs_to_abort
+        to_abort += result.reqs_finished + result.reqs_aborted
         if outputs and outputs[-1].finished:
             break
     return outputs, to_abort
@@ -198,7 +198,7 @@ def test_abort_by_user_and_by_the_core(bpe):
         [EngineCoreOutput("0_u", encode(bpe, "Hi")), EngineCoreOutput("c", [5])]
     )
     result = processor.abort_requests(["u", "unknown"])
-    assert result.reqs_to_abort == [child.request_id for child in children]
+    assert result.reqs_aborted == [child.request_id for child in children]
     [aborted] = result.request_outputs
     assert aborted.finished and [o.finish_reason for o in aborted.outputs] == ["abort", "abort"]
     assert aborted.outputs[0].text == "Hi"
@@ -208,7 +208,7 @@ def test_abort_by_user_and_by_the_core(bpe):
     result = processor.process_outputs(
         [EngineCoreOutput("c", [6], finish_reason="abort")]
     )  # plain str works too
-    assert result.reqs_to_abort == []  # the core already knows
+    assert result.reqs_finished == result.reqs_aborted == []  # the core already knows
     assert result.request_outputs[0].outputs[0].finish_reason == "abort"
     assert not processor.has_unfinished_requests()
 

@@ -302,7 +302,7 @@ def test_fork_siblings_wait_for_the_leader_then_share_its_blocks():
     kv = scheduler.kv_cache_manager
     prompt = list(range(1, 11))
     for name in ("L", "S1", "S2"):
-        scheduler.add_request(make_request(scheduler, name, prompt), fork_group="g")
+        scheduler.add_request(make_request(scheduler, name, prompt), parent_id="g")
     first = scheduler.schedule()
     assert first.num_scheduled_tokens == {"L": 9}
     assert ids(scheduler.waiting) == [] and scheduler.stats.num_waiting == 2
@@ -333,7 +333,7 @@ def test_fork_siblings_are_released_when_the_prefix_cache_covers_the_leader():
     scheduler.add_request(make_request(scheduler, "warm", prompt))
     step(scheduler)
     for name in ("L", "S1"):
-        scheduler.add_request(make_request(scheduler, name, prompt), fork_group="g")
+        scheduler.add_request(make_request(scheduler, name, prompt), parent_id="g")
     second = step(scheduler)
     assert second.num_scheduled_tokens == {"warm": 1, "L": 1}
     assert new_req(second, "L").num_computed_tokens == 8

@@ -119,8 +119,9 @@ class EngineCore:
             block_hasher=self.kv_cache_manager.block_hasher,
         )
 
-    def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:
-        self.scheduler.add_request(request, fork_group)
+    def add_request(self, request: Request, parent_id: Optional[str] = None) -> None:
+        """Queue a request (the children of one ``parent_id`` fork its prompt's KV)."""
+        self.scheduler.add_request(request, parent_id)
 
     def finish_requests(
         self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED

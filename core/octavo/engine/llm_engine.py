@@ -99,7 +99,7 @@ class LLMEngine:
         """Abort user requests; returns their final outputs (finish_reason "abort")."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         processed = self.output_processor.abort_requests(ids)
-        self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_ABORTED)
+        self.core.finish_requests(processed.reqs_aborted, RequestStatus.FINISHED_ABORTED)
         return processed.request_outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -108,8 +108,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the outputs of the requests it advanced."""
         processed = self.output_processor.process_outputs(self.core.step())
-        if processed.reqs_to_abort:
-            self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        if processed.reqs_finished:
+            self.core.finish_requests(processed.reqs_finished, RequestStatus.FINISHED_STOPPED)
+        if processed.reqs_aborted:
+            self.core.finish_requests(processed.reqs_aborted, RequestStatus.FINISHED_ABORTED)
         if processed.reqs_failed:
             self.core.finish_requests(processed.reqs_failed, RequestStatus.FINISHED_ERROR)
         return processed.request_outputs

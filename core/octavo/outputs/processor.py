@@ -40,11 +40,14 @@ class ChildRequest:
 
 @dataclasses.dataclass(slots=True)
 class ProcessedOutputs:
-    """One call's results: outputs for users, and engine requests the core must now free
-    (``reqs_to_abort``: finished here; ``reqs_failed``: their output could not be built)."""
+    """One call's results: outputs for users, and the engine requests the core must now free:
+    ``reqs_finished`` ended here (a stop condition or the length), ``reqs_aborted`` were aborted
+    (by the user, or because another child of their parent failed), ``reqs_failed`` could not
+    have their output built."""
 
-    request_outputs: list[RequestOutput]
-    reqs_to_abort: list[str]
+    request_outputs: list[RequestOutput] = dataclasses.field(default_factory=list)
+    reqs_finished: list[str] = dataclasses.field(default_factory=list)
+    reqs_aborted: list[str] = dataclasses.field(default_factory=list)
     reqs_failed: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -201,7 +204,7 @@ class OutputProcessor:
         """Apply one step's deltas; return RequestOutputs and the engine requests to free."""
         now = time.time()
         touched: dict[str, ParentRequest] = {}
-        processed = ProcessedOutputs([], [])
+        processed = ProcessedOutputs()
         for core_output in core_outputs:
             state = self._states.get(core_output.request_id)
             if state is None:
@@ -218,12 +221,12 @@ class OutputProcessor:
             if state.finished:
                 self._forget_state(state.request_id)
             if state.finish_reason == FinishReason.ERROR:
-                processed.reqs_to_abort += self._abort_siblings(parent)
+                processed.reqs_aborted += self._abort_other_children(parent)
         processed.request_outputs = self._collect(touched.values(), now)
         return processed
 
-    def _abort_siblings(self, parent: ParentRequest) -> list[str]:
-        """A sample failed, so its request fails: end the samples still running (their engine
+    def _abort_other_children(self, parent: ParentRequest) -> list[str]:
+        """A child failed, so its parent fails: end the children still running (their engine
         requests, returned, must be freed)."""
         aborted = []
         for state in parent.children:
@@ -251,7 +254,7 @@ class OutputProcessor:
             if not state.finished:
                 state.finish(core_output.finish_reason, core_output.stop_reason)
         elif state.finished:
-            processed.reqs_to_abort.append(core_output.request_id)
+            processed.reqs_finished.append(core_output.request_id)
         _update_metrics(parent.metrics, num_kept, now)
 
     def abort_requests(self, request_ids: Iterable[str]) -> ProcessedOutputs:
@@ -259,7 +262,7 @@ class OutputProcessor:
         requests the core must free. Unknown or finished ids are ignored."""
         now = time.time()
         touched: dict[str, ParentRequest] = {}
-        reqs_to_abort: list[str] = []
+        aborted: list[str] = []
         for request_id in request_ids:
             parent = self._parents.get(request_id)
             if parent is None:
@@ -267,10 +270,10 @@ class OutputProcessor:
             for state in parent.children:
                 if not state.finished:
                     state.finish(FinishReason.ABORT, None)
-                    reqs_to_abort.append(state.request_id)
+                    aborted.append(state.request_id)
                     self._forget_state(state.request_id)
             touched[request_id] = parent
-        return ProcessedOutputs(self._collect(touched.values(), now), reqs_to_abort)
+        return ProcessedOutputs(self._collect(touched.values(), now), reqs_aborted=aborted)
 
     def _forget_state(self, engine_request_id: str) -> None:
         del self._states[engine_request_id]

@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 from octavo.config import SchedulerConfig
 from octavo.sched.batch_delta import BatchDeltaBuilder
-from octavo.sched.forks import SiblingForks
+from octavo.sched.forks import ChildForks
 from octavo.sched.request_queue import make_queue, preemption_order_key
 from octavo.kv_cache.manager import KVCacheManager
 from octavo.sched.output import SchedulerOutput
@@ -53,21 +53,21 @@ class Scheduler:
         self.waiting = make_queue(config.scheduling_policy)
         self.swapped: list[Request] = []
         self.running: list[Request] = []
-        self.forks = SiblingForks(kv_cache_manager)
+        self.forks = ChildForks(kv_cache_manager)
         self.deltas = BatchDeltaBuilder(kv_cache_manager)
         self.stats = SchedulerStats()
 
     # --- requests in and out ----------------------------------------------------------------
 
-    def add_request(self, request: Request, fork_group: Optional[str] = None) -> None:
-        """Queue a request. Requests added with the same ``fork_group`` (the n samples of one
-        prompt) share the prompt's KV blocks: one computes it, the others fork from it."""
+    def add_request(self, request: Request, parent_id: Optional[str] = None) -> None:
+        """Queue a request. The children of one ``parent_id`` (the n samples of one user
+        request) share the prompt's KV blocks: the first computes it, the others fork from it."""
         if request.request_id in self.requests:
             raise ValueError(
                 f"request id {request.request_id!r} is already in use; use a unique id"
             )
         self.requests[request.request_id] = request
-        if fork_group is None or self.forks.add(request, fork_group):
+        if parent_id is None or self.forks.add(request, parent_id):
             self.waiting.add(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
@@ -87,11 +87,11 @@ class Scheduler:
             request.status = status
             self.kv_cache_manager.free(request)
             self.deltas.finish(request_id)
-            self.forks.leader_finished(request)
-            self._settle_forks()  # a released sibling may be the next id to finish
+            self.forks.first_child_finished(request)
+            self._settle_forks()  # a released child may be the next id to finish
 
     def _settle_forks(self) -> None:
-        """Forked samples join the running requests and released ones the waiting queue at
+        """Forked children join the running requests and released ones the waiting queue at
         once, so that between steps every request is in exactly one place (an abort finds it)."""
         self.running.extend(self.forks.take_forked())
         for request in self.forks.take_released():
@@ -113,7 +113,7 @@ class Scheduler:
         if plan.num_preempted == 0:
             self._schedule_swapped(plan)
             self._schedule_waiting(plan)
-        self._settle_forks()  # a prefix hit may have released a leader's siblings
+        self._settle_forks()  # a prefix hit may have released children waiting to fork
         output = self.deltas.build(plan.scheduled, plan.num_scheduled_tokens)
         for request in plan.scheduled:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
@@ -236,5 +236,5 @@ class Scheduler:
             request = requests.get(request_id)
             if request is not None and token_ids:
                 request.append_output_token_ids(token_ids)
-        self.forks.fork_ready_leaders(room=self.config.max_num_seqs - len(self.running))
+        self.forks.fork_ready(room=self.config.max_num_seqs - len(self.running))
         self._settle_forks()
