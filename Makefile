@@ -1,4 +1,5 @@
-# octavo: `make serve` and `make test` are the two commands; both set up .venv first.
+# octavo: `make serve` and `make test` are the two commands; both set up .venv first
+# (`make lint`, run by `make test`, is `ruff check .` alone).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ MODEL ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test serve clean
+.PHONY: install lint test serve clean
 
 install: $(STAMP)
 
@@ -22,7 +23,11 @@ $(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml req
 	$(PIP) install -q --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
 	touch $(STAMP)
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+
+# Lint first: a lint error fails `make test` (and so .ci/run) before any leg runs.
+test: lint
 	$(PY) ci/run_leg.py all
 
 serve: install

@@ -153,7 +153,8 @@ def main() -> None:
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"block size {bs}; median of {repeats} runs: wall (thread CPU); load average {load} on {os.cpu_count()} CPUs"
+        f"block size {bs}; median of {repeats} runs: wall (thread CPU); "
+        f"load average {load} on {os.cpu_count()} CPUs"
     )
     cases = [
         ("caching on, fresh pool", True, False),
@@ -163,12 +164,14 @@ def main() -> None:
     for label, caching, evicting in cases:
         wall, cpu = measure(lambda: bench_allocate_free(bs, caching, evicting, rng), repeats)
         print(
-            f"allocate+free 1000 x 64 blocks, {label:<36} {1000 / wall:8,.0f} req/s  ({1000 / cpu:,.0f})"
+            f"allocate+free 1000 x 64 blocks, {label:<36} "
+            f"{1000 / wall:8,.0f} req/s  ({1000 / cpu:,.0f})"
         )
     for algo in ("sha256", "fast"):
         wall, cpu = measure(lambda: bench_hashing(bs, algo, rng), repeats)
         print(
-            f"hash a 32k-token prompt, {algo:<6} {wall * 1e3:6.1f} ms = {32768 / wall / 1e6:5.2f} M tokens/s  ({32768 / cpu / 1e6:.2f})"
+            f"hash a 32k-token prompt, {algo:<6} {wall * 1e3:6.1f} ms = "
+            f"{32768 / wall / 1e6:5.2f} M tokens/s  ({32768 / cpu / 1e6:.2f})"
         )
     wall, cpu = measure(lambda: bench_lookup(bs, rng), repeats)
     print(f"lookup of a fully cached 32k-token prompt  {wall * 1e6:6.0f} us  ({cpu * 1e6:.0f})")

@@ -149,7 +149,8 @@ def main() -> None:
         f"offline LLM.generate: {offline:8.1f} tokens/s  {offline_cpu:6.3f} CPU s per 1000 tokens"
     )
     print(
-        f"octavo serve (HTTP):  {served:8.1f} tokens/s  {served_cpu:6.3f} CPU s per 1000 tokens (server process)"
+        f"octavo serve (HTTP):  {served:8.1f} tokens/s  {served_cpu:6.3f} CPU s per 1000 tokens "
+        "(server process)"
     )
 
 

@@ -126,7 +126,8 @@ def main() -> None:
     )
     prompts = [list(r.prompt_token_ids) for r in requests]
     print(
-        f"model {model} ({args.size}, {dtype}), {len(prompts)} requests, prompts {args.input_len[0]}-{args.input_len[1]}, "
+        f"model {model} ({args.size}, {dtype}), {len(prompts)} requests, "
+        f"prompts {args.input_len[0]}-{args.input_len[1]}, "
         f"{args.output_len} output tokens, torch threads {torch.get_num_threads()}"
     )
     results = [run_octavo(model, requests, str(dtype).removeprefix("torch."), args)]
@@ -138,11 +139,12 @@ def main() -> None:
         same = sum(a == b for a, b in zip(results[0]["tokens"], results[1]["tokens"]))
         print(f"greedy outputs identical for {same}/{len(hf_prompts)} requests")
     base = results[-1]["output_tokens"] / results[-1]["seconds"]
-    print(f"\n| engine | requests | output tok/s | seconds | vs last |\n|---|---|---|---|---|")
+    print("\n| engine | requests | output tok/s | seconds | vs last |\n|---|---|---|---|---|")
     for r in results:
         rate = r["output_tokens"] / r["seconds"]
         print(
-            f"| {r['engine']} | {len(r['tokens'])} | {rate:,.0f} | {r['seconds']:.1f} | x{rate / base:.2f} |"
+            f"| {r['engine']} | {len(r['tokens'])} | {rate:,.0f} | {r['seconds']:.1f} "
+            f"| x{rate / base:.2f} |"
         )
     if args.json:
         args.json.write_text(

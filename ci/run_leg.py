@@ -41,9 +41,8 @@ def run_leg(leg: dict) -> int:
             ["--pyargs", "octavo.testing.conformance", "--octavo-platform", platform],
             {**leg["env"], **extra_env},
         )
-    print(
-        f"leg {leg['name']}: {'passed' if rc == 0 else 'FAILED'} in {time.monotonic() - started:.0f}s"
-    )
+    outcome = "passed" if rc == 0 else "FAILED"
+    print(f"leg {leg['name']}: {outcome} in {time.monotonic() - started:.0f}s")
     return rc
 
 
@@ -55,16 +54,16 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the matrix as JSON and exit")
     args = parser.parse_args()
     if args.list:
-        print(json.dumps([{"name": l["name"], "runs_on": l["runs_on"]} for l in MATRIX]))
+        print(json.dumps([{"name": leg["name"], "runs_on": leg["runs_on"]} for leg in MATRIX]))
         return 0
     legs = (
-        [l for l in MATRIX if l["cpu_only"]]
+        [leg for leg in MATRIX if leg["cpu_only"]]
         if args.leg == "all"
-        else [l for l in MATRIX if l["name"] == args.leg]
+        else [leg for leg in MATRIX if leg["name"] == args.leg]
     )
     if not legs:
         print(
-            f"unknown leg {args.leg!r}; legs: {', '.join(l['name'] for l in MATRIX)}",
+            f"unknown leg {args.leg!r}; legs: {', '.join(leg['name'] for leg in MATRIX)}",
             file=sys.stderr,
         )
         return 2

@@ -1,13 +1,14 @@
 """Train octavo's bundled demo model: a small Llama that completes Python code.
 
 Trains a byte-level BPE tokenizer and a ~4M-parameter Llama on the running interpreter's standard
-library (on two CPU threads by default, about an hour), and saves the result in HuggingFace format (default: the core
-package's data/demo-model, the folder `octavo serve` uses when no model is given).
+library (on two CPU threads by default, about an hour), and saves the result in HuggingFace format
+(default: the core package's data/demo-model, the folder `octavo serve` uses when no model is
+given).
 
-    .venv/bin/python scripts/train_demo_model.py                       # the committed run
-    .venv/bin/python scripts/train_demo_model.py --steps 20 --out /tmp/demo-smoke   # a smoke run
-    .venv/bin/python scripts/train_demo_model.py --stop-after 50 --out /tmp/demo-check  # reproducibility
-    .venv/bin/python scripts/train_demo_model.py --report-only --out FOLDER   # re-sample, re-render README
+    .venv/bin/python scripts/train_demo_model.py                             # the committed run
+    .venv/bin/python scripts/train_demo_model.py --steps 20 --out /tmp/demo-smoke       # smoke run
+    .venv/bin/python scripts/train_demo_model.py --stop-after 50 --out /tmp/demo-check  # re-run
+    .venv/bin/python scripts/train_demo_model.py --report-only --out FOLDER  # re-render README
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="train nothing: redo the samples of the model in --out and rewrite its metrics.json and README.md",
+        help="train nothing: redo the samples of the model in --out and rewrite its metrics.json "
+        "and README.md",
     )
     return parser.parse_args(argv)
 
@@ -202,7 +204,8 @@ def reproduce_command(argv) -> str:
 
 
 def write_samples_and_readme(out: Path, metrics: dict) -> dict:
-    """Samples from the saved folder (what a user loading it gets), then metrics.json and README.md."""
+    """Samples from the saved folder (what a user loading it gets), then metrics.json and
+    README.md."""
     saved_model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     saved_tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
     metrics["samples"] = greedy_samples(saved_model, saved_tokenizer)
@@ -230,7 +233,8 @@ def _print_samples(metrics: dict) -> None:
         print(f"--- {prompt!r} (greedy)\n{prompt}{completion}")
     for prompt, completion in metrics.get("samples_repetition_penalty", {}).items():
         print(
-            f"--- {prompt!r} (greedy, repetition_penalty {metrics['repetition_penalty']})\n{prompt}{completion}"
+            f"--- {prompt!r} (greedy, repetition_penalty {metrics['repetition_penalty']})\n"
+            f"{prompt}{completion}"
         )
     prompt, sampled = metrics["sampled"]["prompt"], metrics["sampled"]
     print(f"--- {prompt!r} (temperature {sampled['temperature']})\n{prompt}{sampled['completion']}")

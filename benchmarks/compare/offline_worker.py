@@ -20,7 +20,8 @@ WARMUP_TOKENS = 8
 
 
 def run_vllm(spec: dict) -> dict:
-    """``vllm.LLM.generate`` on token-id prompts, greedy, EOS ignored (KV cache: $VLLM_CPU_KVCACHE_SPACE)."""
+    """``vllm.LLM.generate`` on token-id prompts, greedy, EOS ignored (KV cache:
+    $VLLM_CPU_KVCACHE_SPACE)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -45,7 +46,8 @@ def run_vllm(spec: dict) -> dict:
 
 
 def run_octavo(spec: dict) -> dict:
-    """``octavo.LLM.generate`` via ``octavo.bench.throughput.run_throughput`` (as ``octavo bench throughput``)."""
+    """``octavo.LLM.generate`` via ``octavo.bench.throughput.run_throughput`` (as ``octavo bench
+    throughput``)."""
     from octavo import LLM
     from octavo.bench.datasets import BenchRequest
     from octavo.bench.throughput import run_throughput
@@ -70,7 +72,8 @@ def run_octavo(spec: dict) -> dict:
 
 
 def run_transformers(spec: dict) -> dict:
-    """transformers ``generate`` in static batches (benchmarks/throughput.py), greedy, EOS suppressed."""
+    """transformers ``generate`` in static batches (benchmarks/throughput.py), greedy, EOS
+    suppressed."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -87,7 +90,8 @@ def run_transformers(spec: dict) -> dict:
 
 
 def timed(generate, spec: dict) -> dict:
-    """One short warm-up generation, then the timed one over every prompt (``generate`` times itself)."""
+    """One short warm-up generation, then the timed one over every prompt (``generate`` times
+    itself)."""
     generate([WARMUP_PROMPT], WARMUP_TOKENS)
     tokens, seconds = generate(spec["prompts"], spec["output_len"])
     return {"seconds": seconds, "output_tokens": sum(len(t) for t in tokens), "tokens": tokens}

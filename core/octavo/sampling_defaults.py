@@ -41,8 +41,8 @@ def load_sampling_defaults(
         path = Path(generation_config) / "generation_config.json"
         if not path.is_file():
             raise ConfigError(
-                f"generation_config {generation_config!r} has no generation_config.json; give a folder "
-                "that has one, 'auto' (the model's own) or 'vllm' (ignore it)"
+                f"generation_config {generation_config!r} has no generation_config.json; "
+                "give a folder that has one, 'auto' (the model's own) or 'vllm' (ignore it)"
             )
         source = read_json(path)
     source.update(override or {})
@@ -55,8 +55,9 @@ def load_sampling_defaults(
         SamplingParams(**defaults)
     except ValueError as exc:
         raise ConfigError(
-            f"the generation config's sampling defaults {defaults} are invalid: {exc}; fix them with "
-            "--override-generation-config or ignore the file with --generation-config vllm"
+            f"the generation config's sampling defaults {defaults} are invalid: {exc}; "
+            "fix them with --override-generation-config or ignore the file with "
+            "--generation-config vllm"
         ) from exc
     return defaults
 

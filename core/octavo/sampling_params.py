@@ -179,7 +179,8 @@ class SamplingParams:
             _is_real(self.repetition_penalty)
             and MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
             "repetition_penalty",
-            f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}] (1 disables it), got {self.repetition_penalty!r}",
+            f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}] (1 disables it), "
+            f"got {self.repetition_penalty!r}",
         )
         _require(
             self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
@@ -238,14 +239,15 @@ class SamplingParams:
             outside = [t for t in token_ids if not 0 <= t < vocab_size]
             if outside:
                 raise ValueError(
-                    f"{field} has token id {outside[0]} outside the vocabulary [0, {vocab_size}) of this model"
+                    f"{field} has token id {outside[0]} outside the vocabulary "
+                    f"[0, {vocab_size}) of this model"
                 )
         if self.min_tokens and len(self.stop_token_ids) >= vocab_size - len(eos_token_ids):
             banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
             if len(banned) >= vocab_size:
                 raise ValueError(
-                    "stop_token_ids (with EOS) hold every token of the vocabulary, so none is left to "
-                    "sample before min_tokens; drop min_tokens or some stop tokens"
+                    "stop_token_ids (with EOS) hold every token of the vocabulary, so none is "
+                    "left to sample before min_tokens; drop min_tokens or some stop tokens"
                 )
         return dataclasses.replace(self, top_k=0) if self.top_k > vocab_size else self
 

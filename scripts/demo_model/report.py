@@ -98,11 +98,17 @@ def write_metrics(metrics: dict, path: Path) -> None:
 
 
 def _sample_block(prompt: str, completion: str, how: str = "greedy") -> str:
-    return f"Prompt `{prompt!r}`, {how}, {SAMPLE_NEW_TOKENS} new tokens:\n\n```python\n{prompt}{completion}\n```\n"
+    return (
+        f"Prompt `{prompt!r}`, {how}, {SAMPLE_NEW_TOKENS} new tokens:\n\n"
+        f"```python\n{prompt}{completion}\n```\n"
+    )
 
 
 def _sampled_block(sampled: dict) -> str:
-    how = f"sampled at temperature {sampled['temperature']} (`torch.manual_seed({sampled['seed']})`, no top-k/top-p)"
+    how = (
+        f"sampled at temperature {sampled['temperature']} "
+        f"(`torch.manual_seed({sampled['seed']})`, no top-k/top-p)"
+    )
     return _sample_block(sampled["prompt"], sampled["completion"], how)
 
 
@@ -121,18 +127,20 @@ def _reproduced(metrics: dict) -> str:
 
 Checked on {check["date"]}: {run},
 `{check["command"]}`, gave a held-out loss (first {metrics["config"]["eval_windows"]} windows) of
-{check["held_out_loss_first_windows"]:.6f} at step {step}, against {committed:.6f} in this run's curve
+{check["held_out_loss_first_windows"]:.6f} at step {step}, against {committed:.6f} in this run's \
+curve
 ({check["note"]}).{"" if full else " A full re-run takes as long as the time above."}"""
 
 
 def _long_context(metrics: dict) -> str:
-    """The held-out loss in windows of the full context, when recorded under "held_out_loss_full_context"."""
+    """The held-out loss in windows of the full context, when recorded under
+    "held_out_loss_full_context"."""
     loss = metrics.get("held_out_loss_full_context")
     if loss is None:
         return ""
     return (
-        f" Scored in windows of {metrics['config']['shape']['max_position_embeddings']} tokens the held-out"
-        f" loss is {loss:.4f} nats/token."
+        f" Scored in windows of {metrics['config']['shape']['max_position_embeddings']} tokens"
+        f" the held-out loss is {loss:.4f} nats/token."
     )
 
 
@@ -157,7 +165,8 @@ def render_readme(metrics: dict) -> str:
     cpu_threads = f"{threads} CPU thread" + ("s" if threads > 1 else "")
     return f"""# octavo demo model
 
-A {metrics["parameters"] / 1e6:.2f}M-parameter Llama trained from scratch on the source code (with its
+A {metrics["parameters"] / 1e6:.2f}M-parameter Llama trained from scratch on the source code \
+(with its
 docstrings) of the CPython {metrics["python"]} standard library, so that `make serve` has a real
 model on a machine that cannot reach a model hub. It completes Python code; it knows nothing else.
 Its chat template (ChatML-style markers) exists so that `/v1/chat/completions` works; the model was
@@ -165,16 +174,34 @@ never trained on conversations.
 
 | | |
 |---|---|
-| architecture | `LlamaForCausalLM`: hidden {shape["hidden_size"]}, {shape["num_hidden_layers"]} layers, {shape["num_attention_heads"]} heads, {shape["num_key_value_heads"]} KV heads, MLP {shape["intermediate_size"]}, tied embeddings, context {shape["max_position_embeddings"]} |
-| parameters | {metrics["parameters"]:,} (float32, `model.safetensors` {metrics["model_bytes"] / 2**20:.1f} MiB) |
-| tokenizer | byte-level BPE, vocabulary {config["vocab_size"]}, trained by the same script; specials `<\\|pad\\|>` 0, `<\\|bos\\|>` 1, `<\\|eos\\|>` 2, `<\\|im_start\\|>` 3, `<\\|im_end\\|>` 4; BOS is prepended on encode |
-| data | {corpus["train_files"]} stdlib files, {corpus["train_tokens"]:,} tokens (tests, `site-packages`, `encodings`, `pydoc_data` excluded); each file is `<\\|bos\\|> source <\\|eos\\|>` |
-| held-out set | {corpus["held_out_files"]} files ({corpus["held_out_tokens"]:,} tokens), chosen by a hash of their path, never trained on |
-| training | {_steps_run(metrics)} steps of {config["batch_size"]} x {config["seq_len"]} tokens ({metrics["tokens_seen"]:,} tokens, {metrics["epochs"]:.2f} epochs); AdamW (0.9, 0.95), weight decay {config["weight_decay"]}, peak LR {config["peak_lr"]}, {config["warmup_steps"]} warm-up steps, cosine to {config["min_lr_ratio"]} x peak, gradient clip {config["grad_clip"]}; seed {config["seed"]} |
-| **held-out loss** | **{metrics["held_out_loss"]:.4f} nats/token** (perplexity {metrics["held_out_perplexity"]:.2f}) over all held-out tokens, in windows of {config["seq_len"]} |
+| architecture | `LlamaForCausalLM`: hidden {shape["hidden_size"]}, \
+{shape["num_hidden_layers"]} layers, {shape["num_attention_heads"]} heads, \
+{shape["num_key_value_heads"]} KV heads, MLP {shape["intermediate_size"]}, tied embeddings, \
+context {shape["max_position_embeddings"]} |
+| parameters | {metrics["parameters"]:,} (float32, `model.safetensors` \
+{metrics["model_bytes"] / 2**20:.1f} MiB) |
+| tokenizer | byte-level BPE, vocabulary {config["vocab_size"]}, trained by the same script; \
+specials `<\\|pad\\|>` 0, `<\\|bos\\|>` 1, `<\\|eos\\|>` 2, `<\\|im_start\\|>` 3, \
+`<\\|im_end\\|>` 4; \
+BOS is prepended on encode |
+| data | {corpus["train_files"]} stdlib files, {corpus["train_tokens"]:,} tokens (tests, \
+`site-packages`, `encodings`, `pydoc_data` excluded); each file is \
+`<\\|bos\\|> source <\\|eos\\|>` |
+| held-out set | {corpus["held_out_files"]} files ({corpus["held_out_tokens"]:,} tokens), \
+chosen by a hash of their path, never trained on |
+| training | {_steps_run(metrics)} steps of {config["batch_size"]} x {config["seq_len"]} tokens \
+({metrics["tokens_seen"]:,} tokens, {metrics["epochs"]:.2f} epochs); AdamW (0.9, 0.95), \
+weight decay {config["weight_decay"]}, peak LR {config["peak_lr"]}, \
+{config["warmup_steps"]} warm-up steps, cosine to {config["min_lr_ratio"]} x peak, \
+gradient clip {config["grad_clip"]}; seed {config["seed"]} |
+| **held-out loss** | **{metrics["held_out_loss"]:.4f} nats/token** \
+(perplexity {metrics["held_out_perplexity"]:.2f}) over all held-out tokens, \
+in windows of {config["seq_len"]} |
 | final train loss | {metrics["final_train_loss"]:.4f} (mean of the last 50 steps) |
-| time | {minutes:.1f} min wall in all ({metrics["train_seconds"] / 60:.1f} min of it training), {cpu_threads} ({metrics["cpu"]}) |
-| software | Python {metrics["python"]}, torch {metrics["torch"]}, transformers {metrics["transformers"]}, tokenizers {metrics["tokenizers"]} |
+| time | {minutes:.1f} min wall in all ({metrics["train_seconds"] / 60:.1f} min of it training), \
+{cpu_threads} ({metrics["cpu"]}) |
+| software | Python {metrics["python"]}, torch {metrics["torch"]}, \
+transformers {metrics["transformers"]}, tokenizers {metrics["tokenizers"]} |
 
 ![loss curve](loss_curve.png)
 
@@ -187,7 +214,8 @@ From the repository root, with the project's virtualenv:
 ```
 
 The script is seeded and deterministic: sorted file lists, a path-hash held-out split, a seeded
-shuffle of training windows, `torch.set_num_threads({threads})` (`--threads`). Re-running it with the same command on
+shuffle of training windows, `torch.set_num_threads({threads})` (`--threads`). \
+Re-running it with the same command on
 the same interpreter reproduces the held-out loss above within a few percent (bit-for-bit on the
 same CPU and library versions; other CPUs, thread counts or versions change floating-point
 rounding, and a different Python version has a different standard library to train on).
@@ -197,7 +225,8 @@ metrics.json records every setting and number of this run.{_reproduced(metrics)}
 
 This model exists to exercise the engine (tokenization, batching, the paged KV cache, sampling,
 streaming, chat templates) with real, non-random weights on any machine. It was sized to train in
-about an hour on {cpu_threads} and has seen {metrics["tokens_seen"]:,} tokens ({metrics["epochs"]:.2f} epochs of its
+about an hour on {cpu_threads} and has seen {metrics["tokens_seen"]:,} tokens \
+({metrics["epochs"]:.2f} epochs of its
 data), so it writes Python-looking text (imports, classes, docstrings, `if`/`return`/`self.`
 statements, names from the standard library), not working programs, and it does not stay on topic:
 `def fibonacci(n):` gets a docstring and a body that have nothing to do with Fibonacci numbers.
@@ -206,7 +235,8 @@ Plain greedy decoding soon repeats itself (a phrase, an argument name), as the f
 and by transformers alike) keeps greedy output on Python-looking lines, and sampling at a
 temperature around 0.7-1.0 gives varied lines with made-up names (the last sample).
 It was trained on {config["seq_len"]}-token windows: prompts plus completions up to its context of
-{shape["max_position_embeddings"]} tokens work (RoPE), but predictions past position {config["seq_len"]} are weaker.{_long_context(metrics)}
+{shape["max_position_embeddings"]} tokens work (RoPE), \
+but predictions past position {config["seq_len"]} are weaker.{_long_context(metrics)}
 
 ## Sample completions
 

@@ -55,7 +55,8 @@ def encode_documents(tokenizer: Tokenizer, texts: Sequence[str]) -> List[List[in
 
 
 def to_transformers(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
-    """The trained tokenizer as a transformers fast tokenizer with special tokens and chat template."""
+    """The trained tokenizer as a transformers fast tokenizer with special tokens and chat
+    template."""
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS,

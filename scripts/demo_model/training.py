@@ -111,7 +111,8 @@ def batch_order(num_windows: int, config: TrainConfig) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model: LlamaForCausalLM, windows: torch.Tensor, batch_size: int = 8) -> float:
-    """Mean next-token loss (nats/token) over ``windows``, every predicted token weighted equally."""
+    """Mean next-token loss (nats/token) over ``windows``, every predicted token weighted
+    equally."""
     model.eval()
     total, count = 0.0, 0
     for start in range(0, windows.shape[0], batch_size):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
@@ -20,12 +19,8 @@ TINY = TinyModelSpec(
 
 
 @pytest.fixture(autouse=True, scope="session")
-def one_torch_thread():
-    """Tiny shapes gain nothing from a second thread on a shared 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _tiny_shapes_on_one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (``one_torch_thread`` in tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""``octavo bench throughput`` and ``octavo bench latency`` on a tiny model, through the real CLI."""
+"""``octavo bench throughput`` and ``octavo bench latency`` on a tiny model, through the real
+CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``octavo bench serve`` and ``startup`` against a real ``octavo serve`` subprocess on a free port."""
+"""``octavo bench serve`` and ``startup`` against a real ``octavo serve`` subprocess on a free
+port."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The serving figures from measured requests, and the sweep flag's validation (no server needed)."""
+"""The serving figures from measured requests, and the sweep flag's validation (no server
+needed)."""
 
 from __future__ import annotations
 

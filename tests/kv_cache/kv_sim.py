@@ -73,7 +73,8 @@ class SimWorker:
         ]
 
     def assert_holds(self, request: Request, num_tokens: int | None = None) -> None:
-        """The request's first ``num_tokens`` (default: computed) tokens read back through its table."""
+        """The request's first ``num_tokens`` (default: computed) tokens read back through its
+        table."""
         n = request.num_computed_tokens if num_tokens is None else num_tokens
         expected = (request.all_token_ids[:n], list(range(n)))
         for layer, got in enumerate(self.read(self.manager.get_block_ids(request.request_id), n)):

@@ -116,7 +116,8 @@ class KVCacheMachine(RuleBasedStateMachine):
                 self._sample(data, request)
 
     def _sample(self, data, request: Request) -> None:
-        """Append a sampled token; sometimes branch first (beam search), the child taking another token."""
+        """Append a sampled token; sometimes branch first (beam search), the child taking another
+        token."""
         token = data.draw(st.integers(0, 3))
         if data.draw(st.booleans()):
             child = request.fork(self._new_id())

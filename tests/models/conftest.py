@@ -15,14 +15,9 @@ from octavo.testing.tiny_models import write_tiny_model
 from model_cases import TINY_SPECS
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny shapes gain nothing from threads, and on a shared 2-core machine OpenMP threads
-    spinning against other processes make a tiny matmul ~30x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+@pytest.fixture(autouse=True, scope="session")
+def _tiny_shapes_on_one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (``one_torch_thread`` in tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +62,8 @@ class TransformersOracle:
     def greedy_with_logits(
         self, path: Path, prompt: list[int], max_new_tokens: int, dtype=torch.float32
     ):
-        """(tokens, per-step logits [max_new_tokens, V] in fp32) of transformers' greedy decoding."""
+        """(tokens, per-step logits [max_new_tokens, V] in fp32) of transformers' greedy
+        decoding."""
         out = self.model(path, dtype).generate(
             torch.tensor([prompt]),
             do_sample=False,
@@ -90,7 +86,8 @@ def oracle() -> TransformersOracle:
 
 @pytest.fixture(scope="session")
 def make_runner(octavo_platform):
-    """``make_runner(path, dtype=..., block_size=..., ...)`` -> a ModelRunner on the selected platform."""
+    """``make_runner(path, dtype=..., block_size=..., ...)`` -> a ModelRunner on the selected
+    platform."""
 
     def make(
         path,

@@ -165,7 +165,8 @@ class Driver:
     # --- memory events -----------------------------------------------------------------------
 
     def scribble(self, block_ids: list[int]) -> None:
-        """Overwrite blocks in every layer's cache with a constant, as reuse by another request would."""
+        """Overwrite blocks in every layer's cache with a constant, as reuse by another request
+        would."""
         index = torch.tensor(block_ids, dtype=torch.int64)
         for layer, cache in zip(self.runner.attention_layers, self.runner.kv_caches):
             cache.index_fill_(layer.backend.block_dim, index, 7.0)

@@ -117,7 +117,8 @@ def test_unsupported_architecture_lists_the_supported_ones(llama_copy, octavo_pl
     edit_config(llama_copy, architectures=["GPT2LMHeadModel"])
     with pytest.raises(
         ConfigError,
-        match="'GPT2LMHeadModel'.*not supported.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+        match="'GPT2LMHeadModel'.*not supported.*"
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
     ):
         load(llama_copy, octavo_platform)
 
@@ -136,7 +137,8 @@ def test_tensor_of_the_wrong_shape_is_named(llama_copy, octavo_platform):
     edit_config(llama_copy, intermediate_size=96)
     with pytest.raises(
         ConfigError,
-        match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 128\] but the model config implies \[64, 96\]",
+        match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 128\] "
+        r"but the model config implies \[64, 96\]",
     ):
         load(llama_copy, octavo_platform)
 
@@ -147,7 +149,8 @@ def test_unsupported_rope_scaling_is_refused(llama_copy, octavo_platform):
     )
     with pytest.raises(
         ConfigError,
-        match="rope scaling type 'dynamic' is not supported; supported types: default, linear, llama3",
+        match="rope scaling type 'dynamic' is not supported; "
+        "supported types: default, linear, llama3",
     ):
         config_of(llama_copy, octavo_platform)
 

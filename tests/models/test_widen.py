@@ -86,7 +86,8 @@ def test_only_linear_layers_and_the_head_product_are_widened(tiny_models, octavo
 def test_bfloat16_greedy_tokens_match_transformers_either_way(
     widened, tiny_models, octavo_platform, oracle
 ):
-    """As test_greedy's bfloat16 check (ties between the top two tokens excepted), for both paths."""
+    """As test_greedy's bfloat16 check (ties between the top two tokens excepted), for both
+    paths."""
     path = tiny_models["LlamaForCausalLM"]
     runner = runner_for(path, widening_platform(octavo_platform, widened), "bfloat16")
     assert_bfloat16_greedy_matches(runner, path, oracle)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -45,12 +44,8 @@ from server_constants import ENGINE_DEFAULTS, MODEL_NAME  # noqa: E402  (a uniqu
 
 
 @pytest.fixture(autouse=True, scope="session")
-def one_torch_thread():
-    """Tiny shapes gain nothing from a second thread on a shared 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _tiny_shapes_on_one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (``one_torch_thread`` in tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +101,8 @@ class RunningServer:
                 return
             time.sleep(0.02)
         raise AssertionError(
-            f"engine not idle after {timeout} s: {kv.num_free_blocks}/{kv.block_pool.num_blocks} blocks free"
+            f"engine not idle after {timeout} s: "
+            f"{kv.num_free_blocks}/{kv.block_pool.num_blocks} blocks free"
         )
 
     def stop(self) -> None:
@@ -117,7 +113,8 @@ class RunningServer:
 def start_server(
     model: Path, config: Optional[ServerConfig] = None, **engine_args
 ) -> RunningServer:
-    """Build an engine on ``model`` and serve it on a free port; returns once it accepts requests."""
+    """Build an engine on ``model`` and serve it on a free port; returns once it accepts
+    requests."""
     import uvicorn
 
     engine = LLMEngine(EngineArgs(model=str(model), **{**ENGINE_DEFAULTS, **engine_args}))

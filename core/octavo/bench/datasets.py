@@ -45,7 +45,8 @@ def random_requests(
     vocab_size: int,
     seed: int = 0,
 ) -> list[BenchRequest]:
-    """``num_requests`` random prompts, lengths uniform in ``input_len``, outputs in ``output_len``."""
+    """``num_requests`` random prompts, lengths uniform in ``input_len``, outputs in
+    ``output_len``."""
     _check_range("--input-len", *input_len)
     _check_range("--output-len", *output_len)
     rng = np.random.default_rng(seed)
@@ -81,10 +82,12 @@ def sharegpt_requests(
     output_len: Optional[int] = None,
     max_len: Optional[int] = None,
 ) -> list[BenchRequest]:
-    """Requests from a ShareGPT JSON file: the first human turn as prompt, the reply's length as output.
+    """Requests from a ShareGPT JSON file: the first human turn as prompt, the reply's length as
+    output.
 
     Conversations with fewer than two turns, or a prompt or reply under 4 tokens, are skipped;
-    with ``max_len``, so are those whose prompt plus output exceed it. Order is shuffled by ``seed``.
+    with ``max_len``, so are those whose prompt plus output exceed it. Order is shuffled by
+    ``seed``.
     """
     try:
         entries = json.loads(Path(path).read_text())
@@ -109,7 +112,8 @@ def sharegpt_requests(
             return requests
     if not requests:
         raise ValueError(
-            f"{path} holds no usable conversation (each needs a human turn and a reply of >= 4 tokens)"
+            f"{path} holds no usable conversation "
+            "(each needs a human turn and a reply of >= 4 tokens)"
         )
     return requests
 
@@ -179,7 +183,8 @@ def load_requests(
         )
     if args.dataset_path is None or encode is None:
         raise ValueError(
-            "--dataset sharegpt needs --dataset-path FILE.json and a tokenizer (--tokenizer or the model's)"
+            "--dataset sharegpt needs --dataset-path FILE.json and a tokenizer "
+            "(--tokenizer or the model's)"
         )
     return sharegpt_requests(
         args.dataset_path,

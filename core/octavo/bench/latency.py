@@ -1,4 +1,5 @@
-"""``octavo bench latency``: one batch of identical-shape requests, end to end, with per-step timing."""
+"""``octavo bench latency``: one batch of identical-shape requests, end to end, with per-step
+timing."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def add_latency_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def run_batch(engine, requests, step_times: list[float]) -> float:
-    """Run one batch to completion, appending each engine step's seconds; returns the batch's seconds."""
+    """Run one batch to completion, appending each engine step's seconds; returns the batch's
+    seconds."""
     from octavo.sampling_params import RequestOutputKind, SamplingParams
 
     for r in requests:

@@ -12,7 +12,8 @@ PERCENTILES = (50, 95, 99)
 
 
 def summarize(name: str, values_s: Iterable[float]) -> dict[str, float]:
-    """Mean and p50/p95/p99 of ``values_s`` (seconds) as ``{name}_mean_ms``, ``{name}_p50_ms``, ..."""
+    """Mean and p50/p95/p99 of ``values_s`` (seconds) as ``{name}_mean_ms``, ``{name}_p50_ms``,
+    ..."""
     values = np.asarray(list(values_s), dtype=np.float64) * 1000.0
     if values.size == 0:
         return {
@@ -40,7 +41,8 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
 
 
 def plot_serve(runs: Sequence[dict[str, Any]], path: Path) -> list[Path]:
-    """Two PNG charts next to ``path``: output throughput and TTFT (p50/p95/p99) against concurrency."""
+    """Two PNG charts next to ``path``: output throughput and TTFT (p50/p95/p99) against
+    concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")

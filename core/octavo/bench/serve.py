@@ -99,13 +99,15 @@ def _parse_sweep(text: str) -> list[int]:
         levels = []
     if not levels or min(levels) < 1:
         raise ValueError(
-            f"--max-concurrency must be comma-separated integers >= 1, e.g. {DEFAULT_CONCURRENCY}; got {text!r}"
+            "--max-concurrency must be comma-separated integers >= 1, "
+            f"e.g. {DEFAULT_CONCURRENCY}; got {text!r}"
         )
     return levels
 
 
 async def send_request(client, model: str, request: BenchRequest) -> RequestResult:
-    """Stream one completion on an httpx AsyncClient; record the arrival of every chunk carrying a token."""
+    """Stream one completion on an httpx AsyncClient; record the arrival of every chunk carrying a
+    token."""
     httpx = import_httpx()
     body = {
         "model": model,
@@ -244,7 +246,8 @@ def _workload(args: argparse.Namespace) -> list[BenchRequest]:
     vocab_size = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
     if vocab_size is None and args.dataset != "sharegpt":
         raise ValueError(
-            "give --vocab-size N or --tokenizer FOLDER so random token ids stay inside the model's vocabulary"
+            "give --vocab-size N or --tokenizer FOLDER so random token ids stay inside the "
+            "model's vocabulary"
         )
     return load_requests(
         args, vocab_size or 0, encode=tokenizer.encode if tokenizer is not None else None

@@ -1,4 +1,5 @@
-"""``octavo bench startup``: seconds from starting ``octavo serve`` to ``/health/ready`` answering 200."""
+"""``octavo bench startup``: seconds from starting ``octavo serve`` to ``/health/ready`` answering
+200."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from octavo.bench.report import print_table, write_json
 
 
 def add_startup_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags as one ``--serve-args`` string."""
+    """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags as one
+    ``--serve-args`` string."""
     parser.add_argument(
         "model",
         nargs="?",
@@ -46,7 +48,8 @@ def free_port() -> int:
 def start_server(
     model: Optional[str], serve_args: Sequence[str] = (), timeout: float = 300.0
 ) -> tuple[subprocess.Popen, str, float]:
-    """Start ``octavo serve`` on a free port; return (process, base URL, seconds until /health/ready was 200).
+    """Start ``octavo serve`` on a free port; return (process, base URL, seconds until
+    /health/ready was 200).
 
     The caller owns the process and must terminate it. Raises ValueError when it exits or times out.
     """
@@ -77,8 +80,8 @@ def start_server(
         if process.poll() is not None:
             log.seek(0)
             raise ValueError(
-                f"octavo serve exited with {process.returncode} before it was ready (check MODEL and "
-                f"--serve-args): {log.read().decode(errors='replace')[-2000:]}"
+                f"octavo serve exited with {process.returncode} before it was ready "
+                f"(check MODEL and --serve-args): {log.read().decode(errors='replace')[-2000:]}"
             )
         if time.perf_counter() - start > timeout:
             stop_server(process)

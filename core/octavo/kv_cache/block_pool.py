@@ -142,7 +142,8 @@ class BlockPool:
         return new_blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on each of ``blocks`` (prefix hits), lifting free ones out of the queue."""
+        """Take a reference on each of ``blocks`` (prefix hits), lifting free ones out of the
+        queue."""
         remove = self.free_queue.remove
         for block in blocks:
             if block.ref_cnt == 0:

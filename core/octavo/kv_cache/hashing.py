@@ -117,7 +117,8 @@ class BlockHasher:
             self._hash, self.root = _make_fast_hash()
         else:
             raise ConfigError(
-                f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}; got {hash_algo!r}"
+                f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}; "
+                f"got {hash_algo!r}"
             )
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1; got {block_size!r}")

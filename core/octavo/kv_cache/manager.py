@@ -207,7 +207,8 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's blocks, last block first; a block whose refcount reaches 0 is free
-        at once (cached ones keep their hash until evicted). Also releases swapped-out host blocks."""
+        at once (cached ones keep their hash until evicted). Also releases swapped-out host
+        blocks."""
         entry = self._tables.pop(request.request_id, None)
         if entry is not None:
             self._release(request, entry)
@@ -239,8 +240,9 @@ class KVCacheManager:
             )
         if child.num_computed_tokens != parent.num_computed_tokens:
             raise ValueError(
-                f"child {child.request_id!r} has num_computed_tokens={child.num_computed_tokens}, parent "
-                f"{parent.request_id!r} has {parent.num_computed_tokens}; create the child with parent.fork()"
+                f"child {child.request_id!r} has num_computed_tokens={child.num_computed_tokens}, "
+                f"parent {parent.request_id!r} has {parent.num_computed_tokens}; "
+                "create the child with parent.fork()"
             )
         num_computed = parent.num_computed_tokens
         shared = entry.blocks[: -(-num_computed // self.block_size)]

@@ -21,7 +21,8 @@ def _gib(num_bytes: float) -> str:
 
 
 def check_block_size(block_size: int, platform_block_sizes: Optional[Sequence[int]] = None) -> int:
-    """``block_size`` if the core and the platform both support it, else ConfigError listing which do."""
+    """``block_size`` if the core and the platform both support it, else ConfigError listing which
+    do."""
     allowed = [
         b
         for b in SUPPORTED_BLOCK_SIZES
@@ -29,7 +30,8 @@ def check_block_size(block_size: int, platform_block_sizes: Optional[Sequence[in
     ]
     if block_size not in allowed:
         raise ConfigError(
-            f"block_size {block_size} is not supported here; choose --block-size from {', '.join(map(str, allowed))}"
+            f"block_size {block_size} is not supported here; "
+            f"choose --block-size from {', '.join(map(str, allowed))}"
         )
     return block_size
 
@@ -65,7 +67,8 @@ def num_gpu_blocks(
     if max_model_len is None:
         if num_blocks < 1:
             raise ConfigError(
-                f"the KV cache budget ({_gib(max(budget, 0))}) holds no block of {_gib(block_bytes)}"
+                f"the KV cache budget ({_gib(max(budget, 0))}) "
+                f"holds no block of {_gib(block_bytes)}"
             )
         return num_blocks
     needed_blocks = -(-max_model_len // block_size)
@@ -77,12 +80,13 @@ def num_gpu_blocks(
             utilization = math.ceil(100 * (needed_bytes + model_memory) / total_memory) / 100
             fix = (
                 f"raise --gpu-memory-utilization to at least {utilization:.2f} (needs "
-                f"{_gib(needed_bytes + model_memory)} of {_gib(total_memory)}) or set --kv-cache-memory "
-                f"{_gib(needed_bytes)}"
+                f"{_gib(needed_bytes + model_memory)} of {_gib(total_memory)}) "
+                f"or set --kv-cache-memory {_gib(needed_bytes)}"
             )
         raise ConfigError(
-            f"the KV cache budget ({_gib(max(budget, 0))}) holds {num_blocks} blocks of {block_size} tokens, but one "
-            f"request of max_model_len={max_model_len} needs {needed_blocks} blocks ({_gib(needed_bytes)}); "
+            f"the KV cache budget ({_gib(max(budget, 0))}) holds {num_blocks} blocks of "
+            f"{block_size} tokens, but one request of max_model_len={max_model_len} needs "
+            f"{needed_blocks} blocks ({_gib(needed_bytes)}); "
             f"{fix}, or lower --max-model-len"
         )
     return num_blocks

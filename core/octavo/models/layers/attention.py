@@ -64,4 +64,7 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         s = self.spec
-        return f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, backend={self.backend.name}"
+        return (
+            f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
+            f"backend={self.backend.name}"
+        )

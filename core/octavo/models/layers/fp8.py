@@ -1,4 +1,5 @@
-"""``--quantization fp8``: the decoder's linear weights in FP8 (e4m3), activations quantised per token.
+"""``--quantization fp8``: the decoder's linear weights in FP8 (e4m3), activations quantised per
+token.
 
 At load time every column- and row-parallel linear layer (q/k/v/o, gate/up/down; embeddings
 and the LM head are other classes and stay as they are) gets its weight replaced by
@@ -71,8 +72,9 @@ def quantize_model(model: nn.Module, platform: Platform, quantization: Optional[
         return model
     if not platform.capabilities.supports_fp8:
         raise ConfigError(
-            f"platform {platform.name!r} has no FP8 kernels, so --quantization {quantization} cannot run "
-            f"there; drop --quantization or choose a platform with FP8 (--device cpu, cuda or rocm)"
+            f"platform {platform.name!r} has no FP8 kernels, so --quantization {quantization} "
+            f"cannot run there; drop --quantization, or {platform.choose_another()} "
+            "whose capabilities include FP8"
         )
     method = Fp8Linear(platform.scaled_mm())
     layers = [

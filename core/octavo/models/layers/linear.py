@@ -1,4 +1,5 @@
-"""Linear layers written for tensor parallelism: column- and row-parallel, with per-parameter loaders.
+"""Linear layers written for tensor parallelism: column- and row-parallel, with per-parameter
+loaders.
 
 Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that takes the
 full checkpoint tensor, checks its shape, and copies in this rank's slice. With ``TPGroup()``

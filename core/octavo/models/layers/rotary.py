@@ -1,4 +1,5 @@
-"""Rotary position embeddings (HF ``rotate_half`` layout) and the rope configurations they accept."""
+"""Rotary position embeddings (HF ``rotate_half`` layout) and the rope configurations they
+accept."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
-    """RoPE base and scaling, normalised from either config format (see :func:`parse_rope_config`)."""
+    """RoPE base and scaling, normalised from either config format (see
+    :func:`parse_rope_config`)."""
 
     rope_type: str = "default"
     theta: float = 10000.0
