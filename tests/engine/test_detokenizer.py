@@ -1,4 +1,5 @@
-"""Incremental detokenisation: whole characters only, same text as a one-shot decode, O(1) per token."""
+"""Incremental detokenisation: whole characters only, same text as a one-shot decode,
+O(1) per token."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def bpe():
 
 
 class DecodeOnly:
-    """A tokenizer offering only ``decode`` (no tokenizers backend), recording each call's length."""
+    """A tokenizer offering only ``decode`` (no tokenizers backend), recording each
+    call's length."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer

@@ -1,4 +1,5 @@
-"""Request defaults from generation_config.json (vLLM's --generation-config / --override-generation-config)."""
+"""Request defaults from generation_config.json
+(vLLM's --generation-config / --override-generation-config)."""
 
 from __future__ import annotations
 

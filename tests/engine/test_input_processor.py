@@ -125,3 +125,37 @@ def test_text_without_a_tokenizer_is_refused():
     assert inputs.process("r", [3, 4], SamplingParams()).prompt.token_ids == [3, 4]
     with pytest.raises(PromptError, match="no tokenizer"):
         inputs.process("r", "text", SamplingParams())
+
+
+def test_the_offline_api_takes_every_prompt_form_alike(tiny_model):
+    from engine_helpers import make_llm
+
+    from octavo import TextPrompt as PublicTextPrompt
+    from octavo import TokensPrompt as PublicTokensPrompt
+
+    llm = make_llm(tiny_model)
+    token_ids = llm.get_tokenizer().encode("the cat sat on the mat")
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    forms = [
+        "the cat sat on the mat",
+        PublicTextPrompt(prompt="the cat sat on the mat"),
+        token_ids,
+        PublicTokensPrompt(prompt_token_ids=token_ids),
+    ]
+    outputs = llm.generate(forms, greedy, use_tqdm=False)
+    assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1
+    assert [o.prompt_token_ids for o in outputs] == [token_ids] * 4
+    assert [o.prompt for o in outputs] == ["the cat sat on the mat"] * 2 + [None, None]
+    with pytest.raises(ValueError, match="^priority must be in"):
+        llm.generate(token_ids, greedy, priority=[2**63], use_tqdm=False)
+
+
+def test_one_bad_prompt_refuses_the_whole_call_and_queues_nothing(tiny_model):
+    from engine_helpers import make_llm
+
+    llm = make_llm(tiny_model)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate([[1, 2, 3], [], [4, 5]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    (output,) = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert output.finished and len(output.outputs[0].token_ids) == 2

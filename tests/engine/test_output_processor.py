@@ -1,4 +1,5 @@
-"""OutputProcessor: stop conditions, finish reasons, logprobs, output modes and n > 1 aggregation."""
+"""OutputProcessor: stop conditions, finish reasons, logprobs, output modes
+and n > 1 aggregation."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ class EngineGate:
     ) -> None:
         self.model = engine.core.runner.model
         self.hold = hold if hold is not None else (lambda n: n > passes)
-        self.timeout = timeout  # a held forward gives up after this long: a broken test fails, it does not hang
+        # a held forward gives up after this long: a broken test fails, it does not hang
+        self.timeout = timeout
         self.num_forwards = 0
         self.num_held = 0
         self.timed_out = False
@@ -101,5 +102,6 @@ def requests_in_engine(engine: LLMEngine) -> list:
 
 
 def serving_context(server) -> Any:
-    """The app's ServingContext (``num_admitted``: HTTP requests the server has not finished with)."""
+    """The app's ServingContext (``num_admitted``: HTTP requests the server has not
+    finished with)."""
     return server.server.config.app.state.serving

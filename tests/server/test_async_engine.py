@@ -1,5 +1,6 @@
-"""AsyncEngine without HTTP: it idles without spinning, streams deltas that add up to the offline
-output, aborts on cancellation, refuses bad prompts without dying, and fails requests on shutdown."""
+"""AsyncEngine without HTTP: it idles without spinning, streams deltas that add up to the
+offline output, aborts on cancellation, refuses bad prompts without dying, and fails
+requests on shutdown."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def thread_cpu_seconds(native_id: int) -> float:
     raise AssertionError("engine thread not found")
 
 
-
 def _request(async_engine, request_id, prompt, params):
     """An engine request through the engine's input processor, as the server makes one."""
     return async_engine.engine.input_processor.process(request_id, prompt, params)
+
 
 def test_idle_loop_blocks_instead_of_spinning(async_engine):
     async def main() -> float:
@@ -57,7 +58,9 @@ def test_deltas_add_up_to_the_offline_output_and_cancel_aborts(async_engine, off
 
     async def collect() -> tuple[str, list[int], int]:
         text, token_ids, num_outputs = "", [], 0
-        async for output in async_engine.generate(_request(async_engine, "a", "once upon a time", params)):
+        async for output in async_engine.generate(
+            _request(async_engine, "a", "once upon a time", params)
+        ):
             text += output.outputs[0].text
             token_ids += output.outputs[0].token_ids
             num_outputs += 1
@@ -109,10 +112,15 @@ def test_bad_prompt_is_refused_and_the_loop_lives_on(async_engine):
     async def main():
         async_engine.start()
         with pytest.raises(ValueError, match="empty"):
-            async for _ in async_engine.generate(_request(async_engine, "bad", [], SamplingParams())):
+            async for _ in async_engine.generate(
+                _request(async_engine, "bad", [], SamplingParams())
+            ):
                 pass
         outputs = [
-            o async for o in async_engine.generate(_request(async_engine, "good", [1, 5, 9], SamplingParams(max_tokens=2)))
+            o
+            async for o in async_engine.generate(
+                _request(async_engine, "good", [1, 5, 9], SamplingParams(max_tokens=2))
+            )
         ]
         return outputs[-1]
 

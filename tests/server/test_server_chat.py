@@ -1,4 +1,5 @@
-"""/v1/chat/completions, /tokenize and /detokenize over real HTTP, checked against the offline LLM."""
+"""/v1/chat/completions, /tokenize and /detokenize over real HTTP, checked against
+the offline LLM."""
 
 from __future__ import annotations
 

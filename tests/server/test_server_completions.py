@@ -1,4 +1,5 @@
-"""/v1/completions over real HTTP with the official openai client, checked against the offline LLM."""
+"""/v1/completions over real HTTP with the official openai client, checked against
+the offline LLM."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Bad requests get the right status and OpenAI's error body, and never disturb requests in flight."""
+"""Bad requests get the right status and OpenAI's error body, and never disturb
+requests in flight."""
 
 from __future__ import annotations
 

@@ -596,7 +596,9 @@ def test_known_killer_is_a_400_naming_its_field(live, route, field, value):
     live.assert_healthy_and_idle()
 
 
-@pytest.mark.parametrize("route, label", NUMERIC_CASES, ids=[f"{r}-{l}" for r, l in NUMERIC_CASES])
+@pytest.mark.parametrize(
+    "route, label", NUMERIC_CASES, ids=[f"{r}-{lab}" for r, lab in NUMERIC_CASES]
+)
 def test_numeric_field_at_edge_values_is_a_200_or_a_400_naming_it(live, route, label):
     field, wrap = local_places(route)[label]
     problems = []

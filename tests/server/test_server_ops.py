@@ -148,7 +148,8 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(server):
         after['octavo_requests_total{status="finished"}']
         == before['octavo_requests_total{status="finished"}']
     )
-    # the abort landed at the first step boundary after the client left: at most the held step's token more
+    # the abort landed at the first step boundary after the client left: at most the held
+    # step's token more
     assert (
         after["octavo_tokens_generated_total"] - before["octavo_tokens_generated_total"]
         <= passes + 1

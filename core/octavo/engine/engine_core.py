@@ -47,8 +47,10 @@ class EngineCore:
             and self.args.max_num_batched_tokens < max_model_len
         ):
             raise ValueError(
-                f"with chunked prefill off, max_num_batched_tokens ({self.args.max_num_batched_tokens}) must be "
-                f">= max_model_len ({max_model_len}) so any prompt fits one step; raise it or lower --max-model-len"
+                "with chunked prefill off, max_num_batched_tokens "
+                f"({self.args.max_num_batched_tokens}) must be "
+                f">= max_model_len ({max_model_len}) so any prompt fits one step; "
+                "raise it or lower --max-model-len"
             )
         runner_config = RunnerConfig(
             block_size=self.args.block_size,

@@ -1,4 +1,5 @@
-"""The offline API: ``LLM(model).generate(prompts, SamplingParams(...))``, ``chat``, ``beam_search``."""
+"""The offline API: ``LLM(model).generate(prompts, SamplingParams(...))``, ``chat``,
+``beam_search``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from tqdm.auto import tqdm
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
-from octavo.inputs import PromptType, TokensPrompt
+from octavo.inputs import PromptType, RequestOptions, TokensPrompt
 from octavo.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_one
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -41,17 +42,22 @@ class LLM:
         params_list = self._params_list(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(
-                f"priority has {len(priority)} entries for {len(prompts)} prompts; give one per prompt"
+                f"priority has {len(priority)} entries for {len(prompts)} prompts; "
+                "give one per prompt"
             )
-        request_ids = []
+        # Every prompt is processed before any is queued: one bad prompt refuses the call and
+        # leaves nothing of it behind in the engine.
+        requests = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-            request_id = self.engine.next_request_id()
             params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-            self.engine.add_request(
-                request_id, prompt, params, priority=0 if priority is None else priority[i]
+            options = RequestOptions(priority=0 if priority is None else priority[i])
+            request_id = self.engine.next_request_id()
+            requests.append(
+                self.engine.input_processor.process(request_id, prompt, params, options)
             )
-            request_ids.append(request_id)
-        return self._run(request_ids, use_tqdm)
+        for request in requests:
+            self.engine.add_processed_request(request)
+        return self._run([request.request_id for request in requests], use_tqdm)
 
     def chat(
         self,
@@ -117,8 +123,9 @@ class LLM:
         return prompts
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """The SamplingParams ``generate`` uses when given none: the library defaults, or the model's
-        generation_config.json recommendations (``generation_config="auto"``, the default)."""
+        """The SamplingParams ``generate`` uses when given none: the library defaults,
+        or the model's generation_config.json recommendations
+        (``generation_config="auto"``, the default)."""
         return SamplingParams(**self.engine.sampling_defaults)
 
     def _params_list(self, sampling_params, num_prompts: int) -> list[SamplingParams]:
@@ -129,6 +136,7 @@ class LLM:
         params = list(sampling_params)
         if len(params) != num_prompts:
             raise ValueError(
-                f"got {len(params)} SamplingParams for {num_prompts} prompts; give one, or one per prompt"
+                f"got {len(params)} SamplingParams for {num_prompts} prompts; "
+                "give one, or one per prompt"
             )
         return params

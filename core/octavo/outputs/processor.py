@@ -303,7 +303,8 @@ def _child_requests(request_id: str, params: SamplingParams) -> list[ChildReques
 
 
 def _wrap_seed(seed: int) -> int:
-    """``seed`` brought back into the generator's range (a sample's seed is the request's + index)."""
+    """``seed`` brought back into the generator's range
+    (a sample's seed is the request's + index)."""
     return seed - 2**64 if seed > SEED_MAX else seed
 
 

@@ -166,7 +166,8 @@ class RequestState:
         )
 
     def completion_output(self) -> CompletionOutput:
-        """This sample as a CompletionOutput: everything so far, or in delta mode only what is new."""
+        """This sample as a CompletionOutput: everything so far, or in delta mode only
+        what is new."""
         if self.delta:
             start = self._num_sent_tokens
             text = "".join(self._unsent_text_parts)

@@ -57,7 +57,8 @@ class StopChecker:
     def check_token(
         self, token_id: int, num_output_tokens: int
     ) -> Optional[tuple[FinishReason, StopReason]]:
-        """(STOP, stop_reason) if ``token_id``, the ``num_output_tokens``-th output token, ends it."""
+        """(STOP, stop_reason) if ``token_id``, the ``num_output_tokens``-th output token,
+        ends it."""
         if not self.stops_enabled(num_output_tokens):
             return None
         if token_id == self.eos_token_id:

@@ -61,7 +61,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
     def conversation(self) -> list[dict[str, str]]:
-        """The messages as ``{"role", "content"}`` dicts for a chat template (developer -> system)."""
+        """The messages as ``{"role", "content"}`` dicts for a chat template
+        (developer -> system)."""
         if not self.messages:
             raise ValueError("messages must contain at least one message")
         return [

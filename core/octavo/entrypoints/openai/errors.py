@@ -72,7 +72,8 @@ def from_validation_errors(errors: list[dict[str, Any]]) -> OpenAIError:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return bad_request(
-            f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+            "the request body is not valid JSON: "
+            f"{first.get('ctx', {}).get('error', first['msg'])}",
             code="invalid_json",
         )
     location = tuple(first.get("loc", ()))

@@ -62,7 +62,8 @@ ERRORS = {
     400: "The request is invalid; `param` names the field at fault when one is.",
     401: "The server has an API key and the request did not carry it.",
     404: "The request names a model this server does not serve.",
-    500: "The engine failed this request alone (`request_failed`); the server and other requests go on.",
+    500: "The engine failed this request alone (`request_failed`); the server and other "
+    "requests go on.",
     503: "The server is at capacity (`queue_full`, retry after `Retry-After` s) or its engine "
     "has stopped (`engine_dead`).",
 }

@@ -20,8 +20,8 @@ NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
 
 # Fields whose name may start a SamplingParams ValueError, to fill the error's ``param``.
 SAMPLING_FIELDS = frozenset(
-    "n temperature top_p top_k min_p seed presence_penalty frequency_penalty repetition_penalty logit_bias "
-    "stop stop_token_ids max_tokens min_tokens logprobs prompt_logprobs".split()
+    "n temperature top_p top_k min_p seed presence_penalty frequency_penalty repetition_penalty "
+    "logit_bias stop stop_token_ids max_tokens min_tokens logprobs prompt_logprobs".split()
 )
 
 
@@ -86,6 +86,7 @@ class SamplingRequest(RequestModel):
 
         ``defaults`` (the generation config's, see octavo.sampling_defaults) fill the fields the
         request leaves unset, and its ``max_tokens`` caps the output length."""
+
         def unset_gets_default(field: str, library_default: Any) -> Any:
             value = getattr(self, field)
             return defaults.get(field, library_default) if value is None else value

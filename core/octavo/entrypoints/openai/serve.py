@@ -25,7 +25,8 @@ def demo_model_path() -> Path:
     folder = Path(str(importlib.resources.files("octavo").joinpath("data", "demo-model")))
     if not (folder / "config.json").is_file():
         raise ConfigError(
-            f"no MODEL given and the bundled demo model is not installed ({folder} has no config.json); "
+            "no MODEL given and the bundled demo model is not installed "
+            f"({folder} has no config.json); "
             "pass a local HuggingFace model folder: octavo serve /path/to/model"
         )
     return folder

@@ -42,7 +42,8 @@ def render_chat(
     continue_final_message: bool = False,
     template_kwargs: Optional[dict] = None,
 ) -> list[int]:
-    """The conversation's prompt token ids through the chat template (the server's, else the model's)."""
+    """The conversation's prompt token ids through the chat template
+    (the server's, else the model's)."""
     template = ctx.config.chat_template
     if template is None and getattr(ctx.tokenizer, "chat_template", None) is None:
         raise bad_request(
@@ -67,7 +68,8 @@ def render_chat(
 def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
     """A 400 naming the body field at fault (message errors name ``messages``)."""
     error = from_value_error(
-        exc, SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt", "priority"}
+        exc,
+        SAMPLING_FIELDS | {"role", "content", "messages", "top_logprobs", "cache_salt", "priority"},
     )
     if error.param in ("role", "content"):
         error.param = "messages"
@@ -170,7 +172,8 @@ async def _stream(
     num_prompt_tokens: int,
     generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
-    # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
+    # Chunks are plain dicts: one is built per token per stream, pydantic would cost more
+    # than the rest.
     head = {
         "id": request_id,
         "object": "chat.completion.chunk",

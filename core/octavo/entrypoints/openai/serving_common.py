@@ -96,7 +96,8 @@ class ServingContext:
         """404 for a model name this server does not serve."""
         if name is not None and name != self.config.served_model_name:
             raise OpenAIError(
-                f"the model {name!r} does not exist; this server serves {self.config.served_model_name!r}",
+                f"the model {name!r} does not exist; "
+                f"this server serves {self.config.served_model_name!r}",
                 404,
                 param="model",
                 code="model_not_found",
@@ -144,7 +145,8 @@ class ServingContext:
             raise OpenAIError(self.engine.dead_reason, 503, code="engine_dead")
         if self.capacity is not None and self.num_admitted + num_requests > self.capacity:
             raise OpenAIError(
-                f"the server is at capacity ({self.num_admitted} requests in flight, limit {self.capacity}); retry later",
+                f"the server is at capacity ({self.num_admitted} requests in flight, "
+                f"limit {self.capacity}); retry later",
                 503,
                 code="queue_full",
                 headers={"Retry-After": str(self.config.retry_after_s)},

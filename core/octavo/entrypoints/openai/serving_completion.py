@@ -100,7 +100,11 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
 
 
 def _response(
-    ctx: ServingContext, request_id: str, body: CompletionRequest, prompts: list[ProcessedPrompt], finals
+    ctx: ServingContext,
+    request_id: str,
+    body: CompletionRequest,
+    prompts: list[ProcessedPrompt],
+    finals,
 ) -> CompletionResponse:
     choices = []
     num_completion_tokens = 0
@@ -136,7 +140,8 @@ async def _stream(
     prompts: list[ProcessedPrompt],
     generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
-    # Chunks are plain dicts: one is built per token per stream, pydantic would cost more than the rest.
+    # Chunks are plain dicts: one is built per token per stream, pydantic would cost more
+    # than the rest.
     head = {
         "id": request_id,
         "object": "text_completion",

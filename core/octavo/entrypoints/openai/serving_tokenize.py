@@ -1,4 +1,5 @@
-"""POST /tokenize and /detokenize, with the tokenizer and chat template the server generates with."""
+"""POST /tokenize and /detokenize, with the tokenizer and chat template the server
+generates with."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pydantic import ValidationError
 
 
 async def tokenize(ctx: ServingContext, raw_request: Request) -> Response:
-    """``{"prompt": text}`` or ``{"messages": [...]}`` -> ``{"tokens", "count", "max_model_len"}``."""
+    """``{"prompt": text}`` or ``{"messages": [...]}``
+    -> ``{"tokens", "count", "max_model_len"}``."""
     body = ctx.parse(TokenizeRequest, await raw_request.body())
     ctx.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
