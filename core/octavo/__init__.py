@@ -3,8 +3,6 @@
 import os
 import sys
 
-from octavo.hookspecs import hookimpl, hookspec
-
 if "torch" not in sys.modules:
     # OpenMP reads this once, when torch loads it. Its default (active) lets idle threads spin:
     # when anything else wants a core (the server's event loop, a benchmark client, another
@@ -15,15 +13,33 @@ if "torch" not in sys.modules:
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "hookimpl", "hookspec", "__version__"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
+    "hookimpl",
+    "hookspec",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
-    # Lazy: plugins import ``octavo`` for ``hookimpl`` and must not pay for the engine's imports.
+    # Lazy: ``import octavo`` loads nothing (torch included) until a name is used, so the
+    # OpenMP setting above comes first; plugins importing ``hookimpl`` get the contract
+    # (``octavo.platform``), never the engine.
+    if name in ("hookimpl", "hookspec"):
+        from octavo.platform import hookspecs
+
+        return getattr(hookspecs, name)
     if name == "LLM":
         from octavo.entrypoints.llm import LLM
 
         return LLM
+    if name in ("TextPrompt", "TokensPrompt"):
+        from octavo import inputs
+
+        return getattr(inputs, name)
     if name == "SamplingParams":
         from octavo.sampling_params import SamplingParams
 

@@ -74,7 +74,9 @@ def paged_case(requests, num_heads, num_kv_heads, head_dim, block_size, dtype, n
         max_seq_len=max(c + n for c, n in requests),
         num_actual_tokens=sum(query_lens),
     )
-    pad = lambda t: torch.cat([t, torch.randn(num_padding, *t.shape[1:], generator=gen).to(dtype)])
+    def pad(t):
+        return torch.cat([t, torch.randn(num_padding, *t.shape[1:], generator=gen).to(dtype)])
+
     q, k, v = (pad(torch.cat(x)) for x in (queries, keys, values))
     return seqs, cache, metadata, (q, k, v)
 

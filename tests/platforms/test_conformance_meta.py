@@ -18,7 +18,10 @@ from octavo import hookimpl
 from octavo_cpu.rejection_sampler import rejection_sample
 
 def accept_every_draft(ids, counts, draft_probs, target_probs, temperature, uniforms, noise):
-    return rejection_sample(ids, counts, draft_probs, target_probs, temperature, torch.zeros_like(uniforms), noise)
+    no_uniforms = torch.zeros_like(uniforms)
+    return rejection_sample(
+        ids, counts, draft_probs, target_probs, temperature, no_uniforms, noise
+    )
 
 @hookimpl(tryfirst=True)
 def octavo_rejection_sampler(platform):
@@ -56,6 +59,23 @@ def octavo_rms_norm(platform, hidden_size, eps, dtype):
         return make_rms_norm(hidden_size, 0.0, dtype)
 """,
         "test_eps_matters_for_small_inputs",
+    ),
+    "scaled_mm": (
+        "test_scaled_mm",
+        """
+from octavo.ops import reference
+from octavo.platform import hookimpl
+
+def per_channel_as_per_tensor(a, b, scale_a, scale_b, out_dtype, bias=None):
+    # Per-channel weight scales read as one per-tensor scale (the first channel's).
+    return reference.scaled_mm(a, b, scale_a, scale_b.reshape(-1)[:1], out_dtype, bias)
+
+@hookimpl(tryfirst=True)
+def octavo_scaled_mm(platform):
+    if platform.name == "cpu":
+        return per_channel_as_per_tensor
+""",
+        "test_scaled_mm",
     ),
     "sampler": (
         "test_sampler",

@@ -1,4 +1,5 @@
-"""Platform selection: entry-point discovery, the override, priorities, ties, unregistering losers."""
+"""Platform selection: entry-point discovery, the override, priorities, ties, unregistering
+losers, and messages that name what detection found."""
 
 from __future__ import annotations
 
@@ -87,6 +88,27 @@ def test_a_tie_is_an_error_naming_both():
     )
     with pytest.raises(PlatformError, match="'alpha' and 'beta'|'beta' and 'alpha'"):
         Platform.select(pm=pm)
+
+
+def test_no_available_platform_says_what_was_detected():
+    unavailable = [("x", fake_platform("x", 5, False))]
+    pm = create_plugin_manager(load_entry_points=False, plugins=unavailable)
+    with pytest.raises(PlatformError, match="no platform is available .detected: x: fake x.") as e:
+        choose_platform(detect_platforms(pm))
+    assert "octavo-cpu" in str(e.value)
+
+
+def test_messages_suggest_the_other_platforms_detection_found():
+    from octavo_cpu import plugin as cpu_plugin
+
+    others = [("alpha", fake_platform("alpha", -1)), ("gone", fake_platform("gone", 9, False))]
+    pm = create_plugin_manager(load_entry_points=False, plugins=[("cpu", cpu_plugin), *others])
+    platform = Platform.select(pm=pm)
+    assert platform.name == "cpu" and platform.others_available() == ["alpha"]
+    assert "--device (alpha available here)" in platform.choose_another()
+    pm = create_plugin_manager(load_entry_points=False, plugins=[("cpu", cpu_plugin)])
+    alone = Platform.select(pm=pm)
+    assert alone.others_available() == [] and "octavo env" in alone.choose_another()
 
 
 def test_a_broken_detection_is_reported_not_fatal():

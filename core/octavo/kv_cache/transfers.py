@@ -105,7 +105,9 @@ def allocate_host_caches(
     dtype: torch.dtype,
     pin_memory: bool = False,
 ) -> list[torch.Tensor]:
-    """One host-memory cache per layer, in the backend's layout, for swapped-out blocks."""
+    """One host-memory cache per layer, in the backend's layout, for swapped-out blocks;
+    ``pin_memory`` is the platform's ``Capabilities.pin_host_memory`` (page-locked memory, so
+    swaps to and from the device can run asynchronously)."""
     shape = backend.kv_cache_shape(num_host_blocks)
     return [
         torch.zeros(shape, dtype=dtype, device="cpu", pin_memory=pin_memory)
@@ -133,7 +135,8 @@ def apply_block_transfers(
             continue
         if len(host_caches) != len(device_caches):
             raise ValueError(
-                f"swapping needs one host cache per layer: {len(host_caches)} for {len(device_caches)} layers"
+                f"swapping needs one host cache per layer: {len(host_caches)} for "
+                f"{len(device_caches)} layers"
             )
         for device_cache, host_cache in zip(device_caches, host_caches):
             if transfer.kind is TransferKind.SWAP_OUT:

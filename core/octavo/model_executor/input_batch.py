@@ -64,11 +64,14 @@ class InputBatch:
         max_num_blocks_per_req: int,
         vocab_size: int,
         device: Union[str, torch.device],
+        pin_memory: bool = False,
     ):
+        """``pin_memory`` (the platform's ``Capabilities.pin_host_memory``) page-locks the
+        host staging buffers a step's sampling parameters are copied from."""
         self.max_num_reqs, self.max_model_len = max_num_reqs, max_model_len
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-        pin = self.device.type != "cpu"
+        pin = pin_memory
         self.req_ids: list[Optional[str]] = []
         self.req_id_to_index: dict[str, int] = {}
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
@@ -184,7 +187,8 @@ class InputBatch:
         end = start + len(token_ids)
         if end > self.max_model_len:
             raise ValueError(
-                f"request {self.req_ids[row]!r} would hold {end} tokens, over max_model_len={self.max_model_len}"
+                f"request {self.req_ids[row]!r} would hold {end} tokens, "
+                f"over max_model_len={self.max_model_len}"
             )
         self.token_ids[row, start:end] = token_ids
         self.num_tokens[row] = end
@@ -198,7 +202,8 @@ class InputBatch:
         end = start + len(block_ids)
         if end > self.block_table.shape[1]:
             raise ValueError(
-                f"request {self.req_ids[row]!r} would hold {end} blocks, over the per-request maximum {self.block_table.shape[1]}"
+                f"request {self.req_ids[row]!r} would hold {end} blocks, "
+                f"over the per-request maximum {self.block_table.shape[1]}"
             )
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end

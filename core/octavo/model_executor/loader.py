@@ -36,7 +36,8 @@ def checkpoint_files(folder: Path) -> list[Path]:
         return [folder / s for s in shards]
     raise ConfigError(
         f"model folder {str(folder)!r} has no {SINGLE_FILE} or {INDEX_FILE}; octavo loads "
-        f"safetensors checkpoints only (convert .bin/.pth weights with transformers' save_pretrained)"
+        "safetensors checkpoints only "
+        "(convert .bin/.pth weights with transformers' save_pretrained)"
     )
 
 
@@ -51,11 +52,13 @@ def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_class(config: ModelConfig, platform: Platform) -> type:
-    """The class registered (through ``octavo_model_architectures``) for the config's architecture."""
+    """The class registered (through ``octavo_model_architectures``) for the config's
+    architecture."""
     architectures = platform.model_architectures()
     if config.architecture not in architectures:
         raise ConfigError(
-            f"architecture {config.architecture!r} (from {str(config.model_path / 'config.json')!r}) is not "
+            f"architecture {config.architecture!r} "
+            f"(from {str(config.model_path / 'config.json')!r}) is not "
             f"supported; supported architectures: {', '.join(sorted(architectures)) or 'none'}"
         )
     return architectures[config.architecture]
@@ -85,7 +88,8 @@ def load_model(
     if missing:
         shown = ", ".join(repr(n) for n in missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ConfigError(
-            f"the checkpoint in {str(config.model_path)!r} is missing {len(missing)} tensor(s) that "
+            f"the checkpoint in {str(config.model_path)!r} "
+            f"is missing {len(missing)} tensor(s) that "
             f"{config.architecture} needs: {shown}"
         )
     return quantize_model(model, platform, quantization).eval()

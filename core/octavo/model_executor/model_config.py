@@ -37,7 +37,8 @@ def resolve_model_folder(model: Union[str, Path]) -> Path:
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model folder {str(path)!r} has no config.json; a HuggingFace model folder holds "
-            f"config.json, model.safetensors (or model.safetensors.index.json) and the tokenizer files"
+            "config.json, model.safetensors (or model.safetensors.index.json) "
+            "and the tokenizer files"
         )
     return path.resolve()
 
@@ -142,7 +143,8 @@ class ModelConfig:
         architectures = hf.get("architectures") or []
         if len(architectures) != 1:
             raise ConfigError(
-                f"{str(path / 'config.json')!r} must name exactly one architecture, got {architectures!r}"
+                f"{str(path / 'config.json')!r} must name exactly one architecture, "
+                f"got {architectures!r}"
             )
         missing = [
             k
@@ -161,7 +163,8 @@ class ModelConfig:
         max_pos = int(hf.get("max_position_embeddings", 2048))
         if max_model_len is not None and max_model_len > max_pos:
             raise ConfigError(
-                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings ({max_pos})"
+                f"max_model_len {max_model_len} exceeds the model's "
+                f"max_position_embeddings ({max_pos})"
             )
         return cls(
             model_path=path,

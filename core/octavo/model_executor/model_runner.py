@@ -74,11 +74,12 @@ class StepInputs:
 
 
 class _StepBuffer:
-    """A persistent host tensor with a numpy view, mirrored on the device when it is not the host."""
+    """A persistent host tensor with a numpy view, mirrored on the device when it is not the host;
+    ``pin`` (the platform's ``Capabilities.pin_host_memory``) page-locks the host tensor."""
 
-    def __init__(self, size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device, pin: bool = False):
         on_host = device.type == "cpu"
-        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=not on_host)
+        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=pin)
         self.np = self.cpu.numpy()
         self.dev = self.cpu if on_host else torch.zeros(size, dtype=dtype, device=device)
 
@@ -102,12 +103,14 @@ class ModelRunner:
     ):
         if runner_config.block_size not in platform.capabilities.block_sizes:
             raise ConfigError(
-                f"block size {runner_config.block_size} is not supported by platform {platform.name!r} "
+                f"block size {runner_config.block_size} is not supported "
+                f"by platform {platform.name!r} "
                 f"(it offers {list(platform.capabilities.block_sizes)})"
             )
         self.model_config, self.config = model_config, runner_config
         self.block_size = runner_config.block_size
         self.device = torch.device(device) if device is not None else platform.device_init()
+        self.pin_host_memory = platform.capabilities.pin_host_memory
         self.model = load_model(
             model_config,
             platform,
@@ -133,15 +136,17 @@ class ModelRunner:
             max_blocks,
             model_config.vocab_size,
             self.device,
+            pin_memory=self.pin_host_memory,
         )
         max_tokens, max_reqs = runner_config.max_num_batched_tokens, runner_config.max_num_seqs
-        self.input_ids = _StepBuffer(max_tokens, torch.int64, self.device)
-        self.positions = _StepBuffer(max_tokens, torch.int64, self.device)
-        self.slot_mapping = _StepBuffer(max_tokens, torch.int64, self.device)
-        self.query_start_loc = _StepBuffer(max_reqs + 1, torch.int32, self.device)
-        self.seq_lens = _StepBuffer(max_reqs, torch.int32, self.device)
-        self.logits_indices = _StepBuffer(max_reqs, torch.int64, self.device)
-        self.block_table = _StepBuffer(max_reqs * max_blocks, torch.int32, self.device)
+        pin = self.pin_host_memory
+        self.input_ids = _StepBuffer(max_tokens, torch.int64, self.device, pin)
+        self.positions = _StepBuffer(max_tokens, torch.int64, self.device, pin)
+        self.slot_mapping = _StepBuffer(max_tokens, torch.int64, self.device, pin)
+        self.query_start_loc = _StepBuffer(max_reqs + 1, torch.int32, self.device, pin)
+        self.seq_lens = _StepBuffer(max_reqs, torch.int32, self.device, pin)
+        self.logits_indices = _StepBuffer(max_reqs, torch.int64, self.device, pin)
+        self.block_table = _StepBuffer(max_reqs * max_blocks, torch.int32, self.device, pin)
         self.arange = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
         self.kv_caches: list[torch.Tensor] = []
         self.host_kv_caches: list[torch.Tensor] = []
@@ -168,7 +173,7 @@ class ModelRunner:
                 torch.zeros(
                     layer.backend.kv_cache_shape(num_host_blocks), dtype=dtype, pin_memory=True
                 )
-                if self.device.type != "cpu"
+                if self.pin_host_memory
                 else zeros_on_touch(layer.backend.kv_cache_shape(num_host_blocks), dtype, "cpu")
                 for layer in self.attention_layers
             ]

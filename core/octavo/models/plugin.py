@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from octavo import hookimpl
+from octavo.platform import hookimpl
 
 
 @hookimpl

@@ -31,7 +31,8 @@ def render_env_report(device: Optional[str] = None, pm=None) -> str:
         dist = f"{rec.dist_name} {rec.dist_version}" if rec and rec.dist_name else "(in-process)"
         state = "available" if d.info.available else "unavailable"
         lines.append(
-            f"  {d.info.name:<10} {state:<12} priority {d.info.priority:<4} {dist:<32} {d.info.reason}"
+            f"  {d.info.name:<10} {state:<12} priority {d.info.priority:<4} {dist:<32} "
+            f"{d.info.reason}"
         )
     platform_plugins = {d.plugin_name for d in detections}
     others = [r for name, r in sorted(records.items()) if name not in platform_plugins]

@@ -63,11 +63,26 @@ class Platform:
     def __repr__(self) -> str:
         return f"Platform({self.name!r}, device_type={self.info.device_type!r})"
 
+    def others_available(self) -> list[str]:
+        """The other platforms detection found available here, by name."""
+        return sorted(
+            d.info.name
+            for d in self.selection.detections
+            if d.info.available and d.info.name != self.name
+        )
+
+    def choose_another(self) -> str:
+        """What to do instead, for messages: the ``--device`` choices detection found here."""
+        others = self.others_available()
+        if not others:
+            return "no other platform is available here (`octavo env` says why each is not)"
+        return f"choose another platform with --device ({', '.join(others)} available here)"
+
     def _require(self, hook_name: str, result: Any, what: str) -> Any:
         if result is None:
             raise KernelNotAvailableError(
                 f"platform {self.name!r} provides no {what} (hook {hook_name}); "
-                f"choose another platform with --device, or install a plugin that provides it"
+                f"{self.choose_another()}, or install a plugin that provides it"
             )
         return result
 

@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 
 import pluggy
 
-from octavo import hookspecs
+from octavo.platform import hookspecs
 from octavo.platform.types import PlatformInfo
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,8 @@ PLATFORM_GROUP = "octavo.platforms"
 """Entry-point group of platform plugins (built-in and vendor)."""
 
 PLUGIN_GROUP = "octavo.plugins"
-"""Entry-point group of other extension plugins: model architectures, KV connectors, kernel packs."""
+"""Entry-point group of other extension plugins: model architectures, KV connectors, kernel
+packs."""
 
 
 @dataclasses.dataclass(frozen=True)

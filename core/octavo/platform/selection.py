@@ -1,4 +1,4 @@
-"""Choosing one platform at start-up: detection, the override, priorities, and unregistering losers."""
+"""Choosing one platform at start-up: detection, the override, priorities, unregistering losers."""
 
 from __future__ import annotations
 
@@ -75,9 +75,10 @@ def choose_platform(detections: list[Detection], requested: Optional[str] = None
         return Selection(chosen, f"requested by {source}", frozen)
     available = [d for d in detections if d.info.available]
     if not available:
+        found = "; ".join(f"{d.info.name}: {d.info.reason}" for d in detections) or "none"
         raise PlatformError(
-            "no platform is available; install octavo-cpu (`pip install octavo[cpu]`), "
-            "which works on every machine"
+            f"no platform is available (detected: {found}); install octavo-cpu "
+            "(`pip install octavo[cpu]`), which works on every machine"
         )
     best = max(d.info.priority for d in available)
     top = [d for d in available if d.info.priority == best]

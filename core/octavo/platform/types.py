@@ -25,13 +25,18 @@ class PlatformInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What a platform's kernels support."""
+    """What a platform's kernels and device support."""
 
     dtypes: tuple[torch.dtype, ...]
     block_sizes: tuple[int, ...]
     supports_fp8: bool = False
     supports_graphs: bool = False
     dist_backend: str = "gloo"
+    pin_host_memory: bool = False
+    """Whether host staging buffers (a step's inputs, swapped-out KV blocks) are allocated in
+    page-locked memory, so copies to the device can run asynchronously. True for devices that
+    are not the host and whose runtime can pin (CUDA, ROCm); False when the device is the host
+    (pinning needs an accelerator runtime and buys nothing there)."""
     widened_matmul_dtypes: tuple[torch.dtype, ...] = ()
     """Model dtypes whose linear layers run in float32 over weights widened once at load, with
     outputs rounded back (same numbers, see ``octavo.models.layers.widen``): for hosts whose

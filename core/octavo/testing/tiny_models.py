@@ -59,7 +59,8 @@ def _hf_config(spec: TinyModelSpec):
 
     if spec.architecture not in ARCHITECTURE_CONFIGS:
         raise ValueError(
-            f"no tiny-model recipe for {spec.architecture!r}; choose one of {sorted(ARCHITECTURE_CONFIGS)}"
+            f"no tiny-model recipe for {spec.architecture!r}; "
+            f"choose one of {sorted(ARCHITECTURE_CONFIGS)}"
         )
     config_cls = getattr(transformers, ARCHITECTURE_CONFIGS[spec.architecture])
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
@@ -164,7 +165,7 @@ def write_tiny_model(
     dtype: torch.dtype = torch.float32,
     max_shard_size: Optional[str] = None,
 ) -> Path:
-    """Write a random-weight HF checkpoint of ``spec`` (weights stored in ``dtype``) into ``folder``.
+    """Write a random-weight HF checkpoint of ``spec`` (weights in ``dtype``) into ``folder``.
 
     ``max_shard_size`` (e.g. ``"100KB"``) splits the weights into a sharded
     ``model.safetensors.index.json`` checkpoint. Returns the folder.

@@ -7,9 +7,8 @@ from __future__ import annotations
 import psutil
 import torch
 
-from octavo import hookimpl
 from octavo.ops import reference
-from octavo.platform.types import Capabilities, MemoryInfo, PlatformInfo
+from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
@@ -43,6 +42,7 @@ def octavo_platform_capabilities(platform):
             supports_fp8=True,  # scaled_mm: the reference, FP8 emulated in float32
             supports_graphs=False,
             dist_backend="gloo",
+            pin_host_memory=False,  # the device is the host: nothing to stage
             widened_matmul_dtypes=slow_matmul_dtypes(),
         )
 

@@ -68,7 +68,8 @@ def attention_cases(platform: Platform, device, sizes: Sizes):
             random_paged_batch(query_lens, context_lens, 32, 8, 128, 16, torch.bfloat16), device
         )
         yield (
-            f"{name} R={len(query_lens)} ctx={max(q + c for q, c in zip(query_lens, context_lens))}",
+            f"{name} R={len(query_lens)} "
+            f"ctx={max(q + c for q, c in zip(query_lens, context_lens))}",
             lambda b=b: backend.forward(b.query, b.key, b.value, b.kv_cache, b.metadata),
             lambda b=b: reference.paged_attention(
                 b.query, b.key, b.value, b.kv_cache, b.metadata, spec.scale
@@ -157,7 +158,8 @@ def main(argv=None) -> int:
         for name, kernel, ref in cases(platform, device, sizes):
             kernel_ms, ref_ms = time_call(kernel, device), time_call(ref, device)
             print(
-                f"{name:48} triton {kernel_ms:9.3f} ms   reference {ref_ms:9.3f} ms   x{ref_ms / kernel_ms:6.1f}"
+                f"{name:48} triton {kernel_ms:9.3f} ms   reference {ref_ms:9.3f} ms   "
+                f"x{ref_ms / kernel_ms:6.1f}"
             )
     return 0
 

@@ -8,35 +8,26 @@ Builds AMDGCN and an hsaco with Triton's built-in LLVM linker. Runs without
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from octavo.platform.types import AttentionSpec
-from octavo_rocm import rms_norm, sampler, tuning
+from octavo_rocm import rms_norm, sampler
+from octavo_rocm.tuning import TUNING, WARP_SIZE
 from octavo_triton import compile_check as cc
 from octavo_triton.runtime import next_power_of_2
-
-# Llama-3-8B (GQA 4, head 128), a wide-head model (head 256, MQA) and a sliding-window one.
-SPECS = (
-    ("llama-h128", AttentionSpec(32, 8, 128, torch.float16, 16, 128**-0.5)),
-    ("wide-h256", AttentionSpec(8, 1, 256, torch.bfloat16, 16, 256**-0.5)),
-    ("window-h64", AttentionSpec(16, 4, 64, torch.float16, 32, 64**-0.5, sliding_window=4096)),
-)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def rms_norm_builds(hidden_size: int, dtype: torch.dtype) -> list[cc.KernelBuild]:
     """The persistent fused add + RMSNorm, plain and fused, in one block or column blocks."""
     t = cc.TRITON_TYPES[dtype]
-    block = min(next_power_of_2(hidden_size), tuning.ROWS.max_block)
+    block = min(next_power_of_2(hidden_size), TUNING.rows.max_block)
     pointers = {
         name: t for name in ("out_ptr", "residual_out_ptr", "x_ptr", "residual_ptr", "weight_ptr")
     }
-    warps = max(1, min(16, block // (tuning.WARP_SIZE * 4)))
+    warps = max(1, min(16, block // (WARP_SIZE * 4)))
     return [
         cc.KernelBuild(
             f"rms_norm[{t},h{hidden_size},{'fused' if fused else 'plain'}]",
@@ -71,7 +62,7 @@ def rms_norm_fp8_builds(hidden_size: int) -> list[cc.KernelBuild]:
                 OUT_DTYPE=tl.bfloat16,
                 BLOCK_N=block,
             ),
-            {"num_warps": max(1, min(16, block // (tuning.WARP_SIZE * 4)))},
+            {"num_warps": max(1, min(16, block // (WARP_SIZE * 4)))},
         )
     ]
 
@@ -90,8 +81,8 @@ def sampler_builds() -> list[cc.KernelBuild]:
             "noise_ptr": "fp32",
             "temperature_ptr": "fp32",
         },
-        dict(ALL_GREEDY=False, BLOCK_V=tuning.SAMPLER.block_v),
-        {"num_warps": tuning.SAMPLER.num_warps},
+        dict(ALL_GREEDY=False, BLOCK_V=TUNING.sampler.block_v),
+        {"num_warps": TUNING.sampler.num_warps},
     )
     pick = cc.KernelBuild(
         "pick_winner",
@@ -107,52 +98,30 @@ def sampler_builds() -> list[cc.KernelBuild]:
         dict(SPLITS_PAD=64),
         {"num_warps": 1},
     )
-    return [split, pick] + cc.sampler_builds(tuning.SAMPLER)
+    return [split, pick] + cc.sampler_builds(TUNING.sampler)
 
 
-def builds() -> list[cc.KernelBuild]:
-    """Every kernel the rocm platform launches, in the specialisations models use."""
-    out = []
-    for name, spec in SPECS:
-        for dtype in DTYPES if name == "llama-h128" else (spec.dtype,):
-            s = AttentionSpec(
-                spec.num_heads,
-                spec.num_kv_heads,
-                spec.head_dim,
-                dtype,
-                spec.block_size,
-                spec.scale,
-                spec.sliding_window,
-            )
-            out += cc.attention_builds(
-                s, tuning.attention_tuning(s), f"{name},{cc.TRITON_TYPES[dtype]}"
-            )
-    for dtype in DTYPES:
+def builds(arch: str = "gfx942") -> list[cc.KernelBuild]:
+    """Every kernel the rocm platform launches, in the specialisations models use (the same
+    for every CDNA ``arch``)."""
+    out = cc.model_attention_builds(TUNING)
+    for dtype in cc.DTYPES:
         out += rms_norm_builds(4096, dtype)
     out += rms_norm_builds(16384, torch.bfloat16)  # wider than a block: the two-pass path
     out += rms_norm_fp8_builds(4096)
     out += sampler_builds()
-    out += cc.rejection_sampler_builds(tuning.SAMPLER)
-    out += cc.bitmask_builds(tuning.ROWS)
-    out += cc.fp8_builds(tuning.MATMUL, "fp8e4b8", widen=False)  # gfx942's FP8 is e4m3fnuz
+    out += cc.rejection_sampler_builds(TUNING.sampler)
+    out += cc.bitmask_builds(TUNING.rows)
+    out += cc.fp8_builds(TUNING.matmul, "fp8e4b8", widen=False)  # gfx942's FP8 is e4m3fnuz
     return out
 
 
+def target(arch: str) -> GPUTarget:
+    return GPUTarget("hip", arch, WARP_SIZE)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--arch", action="append", help="AMD GPU architecture, e.g. gfx942 (repeatable)"
-    )
-    args = parser.parse_args(argv)
-    for arch in args.arch or ["gfx942"]:
-        for record in cc.compile_builds(builds(), GPUTarget("hip", arch, tuning.WARP_SIZE)):
-            print(
-                f"{record['target']:11} {record['kernel']:45} {'+'.join(record['stages']):13} "
-                f"shared {record['shared_bytes']} B"
-            )
-    return 0
+    return cc.main(argv, __doc__, ["gfx942"], target, builds)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,8 @@ def make_rms_norm(
     launch = {} if interpret else {"num_warps": max(1, min(16, block // (warp_size * 4)))}
 
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None):
-        """``rms_norm(x) * weight``; with ``residual``: ``(rms_norm(x + residual) * weight, x + residual)``."""
+        """``rms_norm(x) * weight``; with ``residual``:
+        ``(rms_norm(x + residual) * weight, x + residual)``."""
         shape = x.shape
         x2 = row_view(x, hidden_size)
         rows = x2.shape[0]

@@ -8,9 +8,8 @@ import os
 
 import torch
 
-from octavo import hookimpl
+from octavo.platform import Capabilities, PlatformInfo, hookimpl
 from octavo.platform.pending import kernel_pending
-from octavo.platform.types import Capabilities, PlatformInfo
 
 NAME = "tpu"
 PRIORITY = 30
@@ -51,6 +50,7 @@ def octavo_platform_capabilities(platform):
             supports_fp8=False,
             supports_graphs=True,
             dist_backend="xla",
+            pin_host_memory=False,  # torch cannot pin for a TPU; JAX stages its own inputs
         )
 
 

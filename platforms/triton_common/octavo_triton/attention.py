@@ -76,7 +76,8 @@ class TritonAttentionBackend(AttentionBackend):
         super().__init__(spec)
         if spec.num_heads % spec.num_kv_heads:
             raise ValueError(
-                f"num_heads ({spec.num_heads}) must be a multiple of num_kv_heads ({spec.num_kv_heads})"
+                f"num_heads ({spec.num_heads}) must be a multiple of num_kv_heads "
+                f"({spec.num_kv_heads})"
             )
         self.interpret = interpreting()
         self.tuning = tuning = tuning.for_interpreter() if self.interpret else tuning

@@ -293,7 +293,7 @@ def merge_segments_kernel(
         s_ok = segments < NUM_SEGMENTS
         slot = (token * num_heads + head) * NUM_SEGMENTS + segments
         m = tl.load(max_ptr + slot, mask=s_ok, other=float("-inf"))
-        l = tl.load(sum_ptr + slot, mask=s_ok, other=0.0)
+        sums = tl.load(sum_ptr + slot, mask=s_ok, other=0.0)
         m_max = tl.max(m, axis=0)
         weight = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
         dims = tl.arange(0, HEAD_DIM_PAD)
@@ -302,7 +302,7 @@ def merge_segments_kernel(
             mask=s_ok[:, None],
             other=0.0,
         )
-        total = tl.sum(l * weight, axis=0)
+        total = tl.sum(sums * weight, axis=0)
         out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
         tl.store(
             out_ptr + token * stride_o_tok + head * stride_o_head + dims,

@@ -10,8 +10,9 @@ this runs without ``TRITON_INTERPRET`` (the test runs it in a subprocess).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import triton
@@ -28,10 +29,24 @@ from octavo_triton import (
 )
 from octavo_triton.attention import TritonAttentionBackend
 from octavo_triton.runtime import interpreting, next_power_of_2
-from octavo_triton.tuning import AttentionTuning, MatmulTuning, RowTuning, SamplerTuning
+from octavo_triton.tuning import (
+    AttentionTuning,
+    GpuTuning,
+    MatmulTuning,
+    RowTuning,
+    SamplerTuning,
+)
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 FLOAT_ARGS = ("scale", "eps", "fp8_max", "min_scale")
+
+# Llama-3-8B (GQA 4, head 128), a wide-head model (head 256, MQA) and a sliding-window one.
+MODEL_SPECS = (
+    ("llama-h128", AttentionSpec(32, 8, 128, torch.float16, 16, 128**-0.5)),
+    ("wide-h256", AttentionSpec(8, 1, 256, torch.bfloat16, 16, 256**-0.5)),
+    ("window-h64", AttentionSpec(16, 4, 64, torch.float16, 32, 64**-0.5, sliding_window=4096)),
+)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +153,18 @@ def attention_builds(spec: AttentionSpec, tuning: AttentionTuning, label: str) -
                 {"num_warps": 4},
             )
         )
+    return builds
+
+
+def model_attention_builds(tuning: GpuTuning) -> list[KernelBuild]:
+    """The attention kernels for ``MODEL_SPECS`` with a platform's tiles: the first model in
+    every dtype, the others in their own."""
+    builds = []
+    for index, (name, spec) in enumerate(MODEL_SPECS):
+        for dtype in DTYPES if index == 0 else (spec.dtype,):
+            typed = dataclasses.replace(spec, dtype=dtype)
+            tiles = tuning.attention_for(typed.head_dim)
+            builds += attention_builds(typed, tiles, f"{name},{TRITON_TYPES[dtype]}")
     return builds
 
 
@@ -296,3 +323,33 @@ def compile_builds(builds: Sequence[KernelBuild], target: GPUTarget) -> list[dic
             }
         )
     return records
+
+
+def main(
+    argv: Sequence[str] | None,
+    description: str,
+    default_archs: Sequence[Any],
+    target: Callable[[Any], GPUTarget],
+    builds: Callable[[Any], list[KernelBuild]],
+    arch_type: Callable[[str], Any] = str,
+) -> int:
+    """A platform's ``python -m ..compile_check [--arch A ...]``: compile ``builds(arch)`` for
+    ``target(arch)`` for each ``--arch`` (default ``default_archs``), one line per kernel."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--arch",
+        type=arch_type,
+        action="append",
+        help=f"GPU architecture (repeatable; default: {' '.join(map(str, default_archs))})",
+    )
+    args = parser.parse_args(argv)
+    for arch in args.arch or default_archs:
+        for record in compile_builds(builds(arch), target(arch)):
+            stages = "+".join(record["stages"])
+            print(
+                f"{record['target']:11} {record['kernel']:45} {stages:13} "
+                f"shared {record['shared_bytes']} B"
+            )
+    return 0

@@ -79,7 +79,8 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: RowTuning = RowTuning())
     launch = {} if interpret else {"num_warps": warps_for(block, tuning.warp_size)}
 
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None):
-        """``rms_norm(x) * weight``; with ``residual``: ``(rms_norm(x + residual) * weight, x + residual)``."""
+        """``rms_norm(x) * weight``; with ``residual``:
+        ``(rms_norm(x + residual) * weight, x + residual)``."""
         shape = x.shape
         x2 = row_view(x, hidden_size)
         out = torch.empty(x2.shape, dtype=torch.result_type(weight, x), device=x.device)

@@ -1,16 +1,23 @@
-"""Test support: random flat batches for checking kernels against ``octavo.ops.reference``.
+"""Test support for the Triton kernels, beside the conformance suite
+(``octavo.testing.conformance``, which checks every platform's kernels against
+``octavo.ops.reference``).
 
-Used by the cuda and rocm test folders (and usable by a vendor checking a Triton kernel pack).
+What is here is what the Triton platforms promise beyond the suite, and the inputs their own
+tests and the benchmark build: random flat batches for paged attention, a units-in-the-last-place
+comparison, and seeded sampling cases for the one property the suite leaves open (other samplers
+draw differently): the Triton samplers draw exactly the reference's tokens from the same
+generators. Used by the cuda and rocm test folders and ``octavo_cuda.bench``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from octavo.platform.types import AttentionMetadata
+from octavo.ops import reference
+from octavo.platform import AttentionMetadata, SamplingMetadata
 
 
 @dataclasses.dataclass
@@ -119,3 +126,83 @@ def assert_close(
     error = (actual.float() - expected.float()).abs()
     worst = (error / ulp).max().item()
     assert worst <= ulps, f"max error {worst:.2f} ulps > {ulps} (max abs {error.max().item():.3g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingCase:
+    """Per-row sampling parameters; rows with a seed get their own generator."""
+
+    name: str
+    temperature: Sequence[float]
+    top_k: Sequence[int]
+    top_p: Sequence[float]
+    min_p: Sequence[float]
+    seeds: Sequence[Optional[int]]
+
+
+SAMPLING_CASES = (
+    SamplingCase(
+        "all-filters-mixed",
+        (0.0, 1.0, 0.7, 1.3, 1.0, 0.5),
+        (0, 5, 0, 20, 3, 0),
+        (1.0, 1.0, 0.8, 0.5, 1.0, 0.9),
+        (0.0, 0.0, 0.0, 0.1, 0.2, 0.05),
+        (None, 1, 2, 3, None, 5),
+    ),
+    SamplingCase("top-k-only", (1.0, 0.8, 2.0), (1, 2, 10), (1.0,) * 3, (0.0,) * 3, (7, 8, 9)),
+    SamplingCase("top-p-only", (1.0, 1.0, 0.6), (0,) * 3, (0.3, 0.95, 0.6), (0.0,) * 3, (4, 5, 6)),
+    SamplingCase(
+        "min-p-only", (1.0, 1.5, 0.9), (0,) * 3, (1.0,) * 3, (0.3, 0.05, 0.5), (1, 2, None)
+    ),
+    SamplingCase(
+        "temperature-only",
+        (1.0, 0.5, 0.0, 2.0),
+        (0,) * 4,
+        (1.0,) * 4,
+        (0.0,) * 4,
+        (3, None, None, 4),
+    ),
+)
+
+
+def sampling_metadata(case: SamplingCase, device, seed: int) -> SamplingMetadata:
+    """The case's metadata on ``device``, with fresh generators seeded from ``seed``."""
+    generators = {
+        row: torch.Generator(device=device).manual_seed(1000 * seed + s)
+        for row, s in enumerate(case.seeds)
+        if s is not None
+    }
+    temperature = torch.tensor(case.temperature, device=device)
+    return SamplingMetadata(
+        temperature=temperature,
+        top_k=torch.tensor(case.top_k, dtype=torch.int32, device=device),
+        top_p=torch.tensor(case.top_p, device=device),
+        min_p=torch.tensor(case.min_p, device=device),
+        generators=generators,
+        all_greedy=bool((temperature == 0).all()),
+        all_random=bool((temperature > 0).all()),
+        no_top_k=all(k <= 0 for k in case.top_k),
+        no_top_p=all(p >= 1.0 for p in case.top_p),
+        no_min_p=all(p <= 0.0 for p in case.min_p),
+    )
+
+
+def random_logits(num_rows: int, vocab_size: int, device, seed: int = 0) -> torch.Tensor:
+    """Spread-out float32 logits with a tie for the largest value in row 0."""
+    logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(seed)) * 3
+    logits[0, 3] = logits[0, 9] = 20.0
+    return logits.to(device)
+
+
+def assert_draws_like_reference(sampler, device, case: SamplingCase, logits, seeds=(0, 1)):
+    """``sampler`` draws token for token what ``octavo.ops.reference.sample`` draws from the
+    same generators (the global generator is re-seeded alike for rows without one)."""
+    for seed in seeds:
+        torch.manual_seed(seed)
+        got = sampler(logits, sampling_metadata(case, device, seed))
+        torch.manual_seed(seed)
+        expected = reference.sample(logits, sampling_metadata(case, device, seed))
+        assert got.dtype == torch.int64
+        assert got.tolist() == expected.tolist(), (
+            f"{case.name}, seed {seed}: {got.tolist()} != {expected.tolist()}"
+        )

@@ -81,3 +81,20 @@ class MatmulTuning:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTuning:
+    """One GPU platform's launch shapes for every shared kernel: what ``octavo_triton.platform``
+    builds the kernels with. Heads wider than 128 take ``attention_wide_heads`` (narrower
+    context tiles: their K/V tiles would not fit in shared memory)."""
+
+    attention: AttentionTuning
+    attention_wide_heads: AttentionTuning
+    sampler: SamplerTuning
+    rows: RowTuning
+    matmul: MatmulTuning
+
+    def attention_for(self, head_dim: int) -> AttentionTuning:
+        """The attention tiles for a model whose heads are ``head_dim`` wide."""
+        return self.attention if head_dim <= 128 else self.attention_wide_heads

@@ -1,5 +1,6 @@
-"""The hooks a vendor platform implements. Only public octavo API is used: ``octavo.hookimpl``,
-``octavo.platform`` types and ``octavo.ops.reference``. A real vendor replaces the kernels.
+"""The hooks a vendor platform implements. Only public octavo API is used: ``octavo.platform``
+(the ``hookimpl`` marker and the contract's types) and ``octavo.ops.reference``. A real vendor
+replaces the kernels.
 
 Every hook except detection answers only when ``platform.name`` is this platform's, and returns
 None otherwise ("not me"), so the plugin can be installed beside any other.
@@ -12,9 +13,8 @@ import os
 import psutil
 import torch
 
-from octavo import hookimpl
 from octavo.ops import reference
-from octavo.platform import AttentionBackend, Capabilities, MemoryInfo, PlatformInfo
+from octavo.platform import AttentionBackend, Capabilities, MemoryInfo, PlatformInfo, hookimpl
 
 NAME = "example"
 DEVICE_ENV = "OCTAVO_EXAMPLE_NPU"
@@ -50,7 +50,11 @@ def octavo_platform_detect() -> PlatformInfo:
 @hookimpl
 def octavo_platform_capabilities(platform):
     if _mine(platform):
-        return Capabilities(dtypes=(torch.float32,), block_sizes=(1, 16, 32, 128))
+        # An NPU with memory of its own would pin host staging buffers (pin_host_memory=True);
+        # this one computes on the host.
+        return Capabilities(
+            dtypes=(torch.float32,), block_sizes=(1, 16, 32, 128), pin_host_memory=False
+        )
 
 
 @hookimpl

@@ -1,47 +1,10 @@
-"""Fixtures for the rocm platform's kernel tests: a real GPU, or the Triton interpreter.
-
-Run here with ``TRITON_INTERPRET=1`` (the ``rocm-interpret`` CI leg); the platform is then
-emulated on the CPU through ``OCTAVO_TRITON_INTERPRET_DEVICE=rocm``.
-"""
+"""The rocm folder: its platform's name for the fixtures of ``tests/platforms/conftest.py``."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-
-from octavo.platform import Platform
-from octavo_triton import runtime
-
-NAME = "rocm"
-
-
-def pytest_collection_modifyitems(config, items):
-    if runtime.interpreting() or (torch.version.hip is not None and torch.cuda.is_available()):
-        return
-    skip = pytest.mark.skip(
-        reason="needs an AMD GPU or TRITON_INTERPRET=1 (the rocm-interpret leg)"
-    )
-    for item in items:
-        if "needs_kernels" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")
-def platform():
-    """The rocm platform, selected as ``--device rocm`` would (emulated under the interpreter)."""
-    with pytest.MonkeyPatch.context() as mp:
-        if runtime.interpreting():
-            mp.setenv(runtime.INTERPRET_DEVICE_ENV, NAME)
-        yield Platform.select(device=NAME)
-
-
-@pytest.fixture(scope="module")
-def device(platform):
-    """Where the kernels' tensors live: the GPU, or the CPU under the interpreter."""
-    return platform.device_init(0)
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "needs_kernels: runs Triton kernels (GPU or TRITON_INTERPRET=1)"
-    )
+def platform_name() -> str:
+    return "rocm"

@@ -7,6 +7,8 @@ pool (so they are never contiguous) and stale block ids after its last block, as
 block table has. The platform's cache starts as random finite values, so a kernel that reads a
 slot it has not written shows up as a wrong output. Each call is compared on its own, and the
 context a call reads was written by earlier calls of the same backend, so any KV layout works.
+With ``fused_qkv`` the platform gets query, key and value as column slices of one tensor, as a
+model's fused QKV projection produces them (strided views, not contiguous tensors).
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ def metadata_to(metadata: AttentionMetadata, device: torch.device) -> AttentionM
     )
 
 
+def fused_views(q, k, v, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``q``, ``k``, ``v`` on ``device`` as column slices of one ``[T, (H + 2 KV) * D]`` tensor."""
+    fused = torch.cat([t.flatten(1) for t in (q, k, v)], dim=1).to(device)
+    parts = fused.split([q[0].numel(), k[0].numel(), v[0].numel()], dim=1)
+    return tuple(part.view(t.shape) for part, t in zip(parts, (q, k, v)))
+
+
 def run_scenario(
     platform,
     spec: AttentionSpec,
@@ -92,6 +101,7 @@ def run_scenario(
     device: torch.device,
     seed: int = 0,
     padding: Optional[dict[int, int]] = None,
+    fused_qkv: bool = False,
 ) -> list[CallResult]:
     """Run every call of ``scenario`` through the platform's backend and the reference."""
     generator = torch.Generator().manual_seed(seed)
@@ -120,9 +130,8 @@ def run_scenario(
         expected = reference.paged_attention(
             q, k, v, ref_cache, metadata, spec.scale, spec.sliding_window
         )
-        actual = backend.forward(
-            q.to(device), k.to(device), v.to(device), kv_cache, metadata_to(metadata, device)
-        )
+        inputs = fused_views(q, k, v, device) if fused_qkv else (t.to(device) for t in (q, k, v))
+        actual = backend.forward(*inputs, kv_cache, metadata_to(metadata, device))
         assert actual.shape == q.shape, f"call {index}: output shape {tuple(actual.shape)}"
         assert actual.dtype == spec.dtype, f"call {index}: output dtype {actual.dtype}"
         n = metadata.num_actual_tokens

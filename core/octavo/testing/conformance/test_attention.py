@@ -25,8 +25,10 @@ MIXED_QUICK = (
     ((1, 1, 1), (0, 11, 6), (3, 0, 3), (2, 130, 1)),
 )
 
-# (num_heads, num_kv_heads, head_dim): MHA, the stories260K shape, GQA 4, MQA, the ~100M shape.
-HEAD_SHAPES = ((4, 4, 32), (8, 4, 8), (8, 2, 16), (4, 1, 32), (12, 4, 64))
+# (num_heads, num_kv_heads, head_dim): MHA, the stories260K shape, GQA 4, MQA, the ~100M shape,
+# and a head size that is not a power of two (kernels that pad heads must mask the tail).
+HEAD_SHAPES = ((4, 4, 32), (8, 4, 8), (8, 2, 16), (4, 1, 32), (12, 4, 64), (8, 2, 24))
+QUICK_HEAD_SHAPES = HEAD_SHAPES[1:3] + HEAD_SHAPES[-1:]
 
 
 def make_spec(dtype, block_size, num_heads=4, num_kv_heads=2, head_dim=32, sliding_window=None):
@@ -78,7 +80,7 @@ def test_mixed_prefill_and_decode(
 def test_head_shapes(octavo_platform, octavo_device, octavo_conformance_quick, heads):
     """MHA, GQA and MQA head mappings and head sizes, in float32."""
     num_heads, num_kv_heads, head_dim = heads
-    if octavo_conformance_quick and heads not in HEAD_SHAPES[1:3]:
+    if octavo_conformance_quick and heads not in QUICK_HEAD_SHAPES:
         pytest.skip("quick run")
     block_size = typical_block_size(octavo_platform)
     spec = make_spec(torch.float32, block_size, num_heads, num_kv_heads, head_dim)
@@ -114,3 +116,21 @@ def test_single_token(octavo_platform, octavo_device, dtype):
     scenario = (((0, 0, 1),), ((1, 0, 37),), ((1, 37, 1),), ((0, 1, 1),))
     results = run_scenario(octavo_platform, spec, scenario, octavo_device, seed=3)
     check(results, dtype, f"single token {dtype}")
+
+
+def test_fused_qkv_slices(octavo_platform, octavo_device):
+    """Query, key and value may be column slices of one fused QKV projection's output."""
+    spec = make_spec(torch.float32, typical_block_size(octavo_platform))
+    results = run_scenario(
+        octavo_platform, spec, MIXED_QUICK, octavo_device, seed=4, fused_qkv=True
+    )
+    check(results, torch.float32, "fused QKV slices")
+
+
+def test_request_without_new_tokens(octavo_platform, octavo_device):
+    """A request may sit in the batch with no new tokens (its rows of ``query_start_loc`` are
+    equal); the others are unaffected and nothing is written for it."""
+    spec = make_spec(torch.float32, typical_block_size(octavo_platform))
+    scenario = (((0, 0, 5), (1, 0, 3)), ((0, 5, 0), (1, 3, 4)), ((1, 7, 1), (0, 5, 1)))
+    results = run_scenario(octavo_platform, spec, scenario, octavo_device, seed=5)
+    check(results, torch.float32, "request without new tokens")

@@ -126,5 +126,6 @@ def test_emitted_tokens_follow_the_target_distribution(
         freq = empirical(tokens, vocab)
         slack = 5 * (p[position] * (1 - p[position]) / tokens.numel()).sqrt() + 1e-3
         assert ((freq - p[position]).abs() <= slack).all(), (
-            f"position {position}: emitted {freq.tolist()} over {tokens.numel()} rows, target {p[position].tolist()}"
+            f"position {position}: emitted {freq.tolist()} over {tokens.numel()} rows, "
+            f"target {p[position].tolist()}"
         )

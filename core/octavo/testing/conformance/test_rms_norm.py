@@ -75,3 +75,21 @@ def test_eps_matters_for_small_inputs(octavo_platform, octavo_device, dtype):
         tolerances.RMS_NORM[dtype],
         f"small-input rms_norm {dtype}",
     )
+
+
+@pytest.mark.parametrize("with_residual", (False, True), ids=("plain", "fused-add"))
+def test_leading_dimensions_are_kept(octavo_platform, octavo_device, with_residual):
+    """``x`` of shape ``[..., hidden_size]`` normalises over the last dimension and keeps the
+    others (a hidden size of 48: not a power of two, smaller than one 64-wide tile)."""
+    x, residual, weight = make_inputs(6, 48, torch.float32, seed=3)
+    x, residual = x.view(2, 3, 48), residual.view(2, 3, 48)
+    fn = octavo_platform.rms_norm(48, 1e-6, torch.float32)
+    args = (x, weight, residual) if with_residual else (x, weight)
+    out = fn(*(t.to(octavo_device) for t in args))
+    expected = reference.rms_norm(x, weight, 1e-6, residual if with_residual else None)
+    tol = tolerances.RMS_NORM[torch.float32]
+    if with_residual:
+        tolerances.assert_close(out[1], expected[1], tol, "fused residual [2, 3, 48]")
+        out, expected = out[0], expected[0]
+    assert out.shape == (2, 3, 48), f"rms_norm returned shape {tuple(out.shape)}"
+    tolerances.assert_close(out, expected, tol, "rms_norm [2, 3, 48]")

@@ -44,6 +44,16 @@ def test_greedy_is_argmax(octavo_platform, octavo_device):
     assert tokens[3].item() == 17
 
 
+def test_greedy_finds_the_last_token(octavo_platform, octavo_device):
+    """An argmax at the vocabulary's last token (a tail that tiles must mask, not drop)."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(3, VOCAB, seed=7)
+    logits[1, VOCAB - 1] = logits[1].max() + 1.0
+    metadata = make_metadata([row_params(row, RowSpec(0.0)) for row in logits], octavo_device)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
+    assert tokens.tolist() == logits.argmax(-1).tolist() and tokens[1].item() == VOCAB - 1
+
+
 def test_empty_batch(octavo_platform, octavo_device):
     """No rows in, no tokens out (with filters on)."""
     sampler = octavo_platform.sampler(VOCAB)
@@ -148,6 +158,21 @@ def test_top_k_beyond_vocab_means_all_tokens(octavo_platform, octavo_device):
     tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu()
     assert ((tokens >= 0) & (tokens < VOCAB)).all()
     assert len(set(tokens.tolist())) > 8
+
+
+def test_top_k_keeps_every_tie_at_its_cut_off(octavo_platform, octavo_device):
+    """Four tokens tie for the top value, spread across the vocabulary: a top-k of 2 keeps all
+    four (as the reference does: ties at the cut-off are kept), and nothing else."""
+    sampler = octavo_platform.sampler(VOCAB)
+    logits = spaced_logits(1, VOCAB, seed=8).repeat(64, 1)
+    ties = [5, 90, 170, VOCAB - 1]
+    logits[:, ties] = logits.max() + 1.0
+    params = [dataclasses.replace(row_params(logits[0], RowSpec(1.0)), top_k=2)] * 64
+    torch.manual_seed(4)
+    metadata = make_metadata(params, octavo_device)
+    tokens = sampler(logits.to(octavo_device, copy=True), metadata).cpu().tolist()
+    assert set(tokens) <= set(ties), f"drew {sorted(set(tokens) - set(ties))}, not a tied token"
+    assert len(set(tokens)) > 2, f"64 draws over four tied tokens hit only {sorted(set(tokens))}"
 
 
 def seeded_draws(sampler, device, rows, seeds_by_row, num_steps, global_seed):

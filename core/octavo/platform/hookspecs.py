@@ -8,30 +8,31 @@ returns ``None`` ("not me").
 
 Hooks are called at start-up only, by :class:`octavo.platform.Platform`, which keeps the plain
 callables they return; the per-step hot path never calls ``pm.hook``.
+
+The types the hooks name live beside this module, in :mod:`octavo.platform.types`; imports run
+one way (``manager`` -> ``hookspecs`` -> ``types``), and :mod:`octavo.platform` exports both.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import pluggy
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-    from octavo.platform.types import (
-        AttentionBackend,
-        AttentionSpec,
-        BitmaskFn,
-        Capabilities,
-        Communicator,
-        MemoryInfo,
-        PlatformInfo,
-        RejectionSamplerFn,
-        RMSNormFn,
-        SamplerFn,
-        ScaledMMFn,
-    )
+from octavo.platform.types import (
+    AttentionBackend,
+    AttentionSpec,
+    BitmaskFn,
+    Capabilities,
+    Communicator,
+    MemoryInfo,
+    PlatformInfo,
+    RejectionSamplerFn,
+    RMSNormFn,
+    SamplerFn,
+    ScaledMMFn,
+)
 
 PROJECT_NAME = "octavo"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -42,7 +43,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def octavo_platform_detect() -> Optional["PlatformInfo"]:
+def octavo_platform_detect() -> Optional[PlatformInfo]:
     """Say whether this plugin's hardware is present.
 
     :return: a :class:`PlatformInfo` (available or not, with the reason), or None for a plugin
@@ -55,7 +56,7 @@ def octavo_platform_detect() -> Optional["PlatformInfo"]:
 
 
 @hookspec(firstresult=True)
-def octavo_platform_capabilities(platform: "PlatformInfo") -> Optional["Capabilities"]:
+def octavo_platform_capabilities(platform: PlatformInfo) -> Optional[Capabilities]:
     """Return the chosen platform's :class:`Capabilities` (dtypes, block sizes, fp8, ...).
 
     Stops at the first non-None result. Called once at start-up.
@@ -63,7 +64,7 @@ def octavo_platform_capabilities(platform: "PlatformInfo") -> Optional["Capabili
 
 
 @hookspec
-def octavo_configure(platform: "PlatformInfo", config: Any) -> Optional[dict[str, Any]]:
+def octavo_configure(platform: PlatformInfo, config: Any) -> Optional[dict[str, Any]]:
     """Check and adjust the engine configuration for this platform.
 
     :param config: the engine configuration (a frozen dataclass).
@@ -75,7 +76,7 @@ def octavo_configure(platform: "PlatformInfo", config: Any) -> Optional[dict[str
 
 
 @hookspec(firstresult=True)
-def octavo_device_init(platform: "PlatformInfo", local_rank: int) -> Optional["torch.device"]:
+def octavo_device_init(platform: PlatformInfo, local_rank: int) -> Optional[torch.device]:
     """Initialise the device runtime for ``local_rank`` and return the ``torch.device`` to use.
 
     Stops at the first non-None result. Called once per worker process.
@@ -83,7 +84,7 @@ def octavo_device_init(platform: "PlatformInfo", local_rank: int) -> Optional["t
 
 
 @hookspec(firstresult=True)
-def octavo_memory_info(platform: "PlatformInfo", device: "torch.device") -> Optional["MemoryInfo"]:
+def octavo_memory_info(platform: PlatformInfo, device: torch.device) -> Optional[MemoryInfo]:
     """Return total/free/used memory of ``device`` in bytes, for KV-cache sizing.
 
     Stops at the first non-None result. Called at start-up, after the profile run.
@@ -95,8 +96,8 @@ def octavo_memory_info(platform: "PlatformInfo", device: "torch.device") -> Opti
 
 @hookspec(firstresult=True)
 def octavo_attention_backend(
-    platform: "PlatformInfo", spec: "AttentionSpec"
-) -> Optional["AttentionBackend"]:
+    platform: PlatformInfo, spec: AttentionSpec
+) -> Optional[AttentionBackend]:
     """Return the paged-attention backend for a model's attention shape.
 
     The backend owns the KV cache layout and writes new K/V through ``slot_mapping`` and reads
@@ -109,8 +110,8 @@ def octavo_attention_backend(
 
 @hookspec(firstresult=True)
 def octavo_rms_norm(
-    platform: "PlatformInfo", hidden_size: int, eps: float, dtype: "torch.dtype"
-) -> Optional["RMSNormFn"]:
+    platform: PlatformInfo, hidden_size: int, eps: float, dtype: torch.dtype
+) -> Optional[RMSNormFn]:
     """Return ``fn(x, weight, residual=None)`` computing RMSNorm with optional fused residual add.
 
     Without ``residual`` it returns ``rms_norm(x) * weight``; with it, the pair
@@ -121,7 +122,7 @@ def octavo_rms_norm(
 
 
 @hookspec(firstresult=True)
-def octavo_sampler(platform: "PlatformInfo", vocab_size: int) -> Optional["SamplerFn"]:
+def octavo_sampler(platform: PlatformInfo, vocab_size: int) -> Optional[SamplerFn]:
     """Return ``fn(logits, sampling_metadata) -> token_ids``: batched greedy, temperature,
     top-k, top-p and min-p sampling with per-request seeded generators.
 
@@ -130,7 +131,7 @@ def octavo_sampler(platform: "PlatformInfo", vocab_size: int) -> Optional["Sampl
 
 
 @hookspec(firstresult=True)
-def octavo_rejection_sampler(platform: "PlatformInfo") -> Optional["RejectionSamplerFn"]:
+def octavo_rejection_sampler(platform: PlatformInfo) -> Optional[RejectionSamplerFn]:
     """Return the speculative-decoding verifier (lossless rejection sampling of draft tokens):
     ``fn(draft_token_ids, num_draft_tokens, draft_probs, target_probs, temperature, uniforms,
     noise) -> [R, max_k + 1]`` int64, each request's accepted drafts, then the recovered or bonus
@@ -143,7 +144,7 @@ def octavo_rejection_sampler(platform: "PlatformInfo") -> Optional["RejectionSam
 
 
 @hookspec(firstresult=True)
-def octavo_apply_token_bitmask(platform: "PlatformInfo") -> Optional["BitmaskFn"]:
+def octavo_apply_token_bitmask(platform: PlatformInfo) -> Optional[BitmaskFn]:
     """Return ``fn(logits, bitmask, indices=None)`` that masks disallowed tokens in place.
 
     Stops at the first non-None result. Called once at start-up when structured output is used.
@@ -151,7 +152,7 @@ def octavo_apply_token_bitmask(platform: "PlatformInfo") -> Optional["BitmaskFn"
 
 
 @hookspec(firstresult=True)
-def octavo_scaled_mm(platform: "PlatformInfo") -> Optional["ScaledMMFn"]:
+def octavo_scaled_mm(platform: PlatformInfo) -> Optional[ScaledMMFn]:
     """Return the FP8 scaled matmul ``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``.
 
     Stops at the first non-None result. Called once at start-up when FP8 quantisation is on.
@@ -159,7 +160,7 @@ def octavo_scaled_mm(platform: "PlatformInfo") -> Optional["ScaledMMFn"]:
 
 
 @hookspec(firstresult=True)
-def octavo_communicator(platform: "PlatformInfo", group: Any) -> Optional["Communicator"]:
+def octavo_communicator(platform: PlatformInfo, group: Any) -> Optional[Communicator]:
     """Return collective operations (all-reduce, all-gather, send, recv) for a process group.
 
     Stops at the first non-None result. Called once per group at start-up.
@@ -167,7 +168,7 @@ def octavo_communicator(platform: "PlatformInfo", group: Any) -> Optional["Commu
 
 
 @hookspec(firstresult=True)
-def octavo_graph_runner(platform: "PlatformInfo", model: Any, config: Any) -> Optional[Any]:
+def octavo_graph_runner(platform: PlatformInfo, model: Any, config: Any) -> Optional[Any]:
     """Return a compiled or captured forward for ``model``, or None to run eagerly.
 
     Stops at the first non-None result. Called once after the model is loaded.
@@ -175,7 +176,7 @@ def octavo_graph_runner(platform: "PlatformInfo", model: Any, config: Any) -> Op
 
 
 @hookspec(firstresult=True)
-def octavo_model_runner(platform: "PlatformInfo", config: Any) -> Optional[Any]:
+def octavo_model_runner(platform: PlatformInfo, config: Any) -> Optional[Any]:
     """Return a model runner of the platform's own (e.g. a JAX runner on TPU).
 
     None means the core's torch model runner. Stops at the first non-None result. Called once.
