@@ -16,10 +16,13 @@ causal mask. Every SDPA call is 4-D: with 3-D inputs torch falls back to its slo
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata
+from octavo_cpu.kernels import CpuKernels, load_kernels
 
 WORKSPACE_BYTES = 64 << 20
 """Decode rows are gathered in groups whose K+V stay under this size (bounded memory). Fewer,
@@ -33,9 +36,12 @@ class CpuAttentionBackend(AttentionBackend):
     name = "cpu"
     block_dim = 1
 
-    def __init__(self, spec):
+    def __init__(self, spec, kernels: Optional[CpuKernels] = None):
         super().__init__(spec)
         self._workspace = torch.empty(0, dtype=spec.dtype)
+        self.kernels = load_kernels() if kernels is None else kernels
+        window = spec.sliding_window
+        self._window = -1 if window is None else int(window)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         s = self.spec
@@ -46,6 +52,24 @@ class CpuAttentionBackend(AttentionBackend):
         num_tokens = metadata.num_actual_tokens
         if num_tokens < 0:
             num_tokens = query.shape[0]
+        ops = self.kernels.ops
+        if ops is not None and _compiled_path_fits(query, key, value, kv_cache):
+            out = torch.empty_like(query)
+            out[num_tokens:].zero_()
+            return ops.paged_attention(
+                out,
+                query,
+                key,
+                value,
+                kv_cache,
+                metadata.slot_mapping,
+                metadata.block_table,
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                self.spec.scale,
+                self._window,
+                num_tokens,
+            )
         slot_mapping = metadata.slot_mapping[:num_tokens]
         write_kv(key[:num_tokens], value[:num_tokens], kv_cache, slot_mapping)
         out = torch.empty_like(query)
@@ -198,3 +222,13 @@ def write_kv(key, value, kv_cache, slot_mapping) -> None:
     flat = kv_cache.view(2, -1, head_dim)
     flat[0].index_copy_(0, rows, key.reshape(-1, head_dim).to(kv_cache.dtype))
     flat[1].index_copy_(0, rows, value.reshape(-1, head_dim).to(kv_cache.dtype))
+
+
+def _compiled_path_fits(query, key, value, kv_cache) -> bool:
+    """The compiled kernel takes one dtype throughout and token rows of contiguous heads."""
+    dtype = kv_cache.dtype
+    if query.dtype != dtype or key.dtype != dtype or value.dtype != dtype:
+        return False
+    return all(
+        t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (query, key, value)
+    )

@@ -10,6 +10,7 @@ import torch
 from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.attention import CpuAttentionBackend
+from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.sampler import sample
@@ -29,8 +30,21 @@ def octavo_platform_detect() -> PlatformInfo:
         device_type="cpu",
         available=True,
         priority=0,
-        reason=f"always available: torch {torch.__version__} on {psutil.cpu_count()} CPU cores",
+        reason=(
+            f"always available: torch {torch.__version__} on {psutil.cpu_count()} CPU cores; "
+            f"kernels: {describe_kernels()}"
+        ),
     )
+
+
+def describe_kernels() -> str:
+    """Which kernel path the platform runs, and why (a bad OCTAVO_CPU_KERNELS is reported here
+    and refused when an engine starts)."""
+    try:
+        chosen = load_kernels()
+    except ValueError as exc:
+        return f"not usable: {exc}"
+    return f"{chosen.path}, {chosen.reason}"
 
 
 @hookimpl

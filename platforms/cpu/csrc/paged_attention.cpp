@@ -1,0 +1,376 @@
+// Paged attention for the cpu platform: the whole mixed batch (prefill chunks and decodes) in
+// one call that reads K/V where they lie, through the block table.
+//
+// KV cache layout (the cpu backend's): [2, num_blocks, num_kv_heads, block_size, head_dim], so
+// one KV head's tokens of one block are a contiguous [block_size, head_dim] tile.
+//
+// Work is split into items (request, KV head, a tile of query tokens, a range of the context).
+// The query heads that share a KV head are processed together, so each K/V tile is read once for
+// all of them. Softmax is online, in fp32. When the batch alone cannot keep every thread busy
+// (a decode at batch 1), the context is split into ranges whose partial results (accumulator,
+// running max, running sum) are merged afterwards: split-KV.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#ifndef OCTAVO_CPU_NAMESPACE
+#error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
+#endif
+
+namespace {
+
+constexpr int64_t kQueryTile = 16;       // query tokens of one request per work item
+constexpr int64_t kMinSplitTokens = 256;  // a context range of a split item is at least this long
+
+struct Shape {
+  int64_t num_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
+  int64_t window;  // sliding window in tokens, or <= 0 for none
+  float scale;
+  int64_t q_stride, k_stride, v_stride;  // elements between consecutive tokens' rows
+};
+
+struct Item {
+  int64_t request, kv_head, q_begin, q_end;  // query tokens, relative to the request's first
+  int64_t k_begin, k_end;                    // context positions this item attends to
+  int64_t partial;                           // index into the partial buffers, or -1 (direct)
+};
+
+template <typename T>
+inline float as_float(T x) {
+  return static_cast<float>(x);
+}
+
+template <typename T>
+inline void load_row(const T* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = as_float(src[i]);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+inline void scale_row(float alpha, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
+}
+
+// The per-thread scratch of one work item.
+struct Scratch {
+  std::vector<float> q, acc, m, l, k, v, s;
+  void reserve(int64_t rows, const Shape& shape) {
+    q.resize(rows * shape.head_dim);
+    acc.assign(rows * shape.head_dim, 0.f);
+    m.assign(rows, -std::numeric_limits<float>::infinity());
+    l.assign(rows, 0.f);
+    k.resize(shape.block_size * shape.head_dim);
+    v.resize(shape.block_size * shape.head_dim);
+    s.resize(shape.block_size);
+  }
+};
+
+template <typename T>
+void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T* k_cache,
+              const T* v_cache, const int32_t* block_table, const int32_t* query_start_loc,
+              const int32_t* seq_lens, float* partial_acc, float* partial_ml, Scratch& scratch) {
+  const int64_t D = sh.head_dim, G = sh.group, bs = sh.block_size;
+  const int64_t q_first = query_start_loc[item.request];
+  const int64_t q_len = query_start_loc[item.request + 1] - q_first;
+  const int64_t seq_len = seq_lens[item.request];
+  const int64_t num_q = item.q_end - item.q_begin;
+  const int64_t rows = num_q * G;
+  scratch.reserve(rows, sh);
+  float* q = scratch.q.data();
+  float* acc = scratch.acc.data();
+  float* m = scratch.m.data();
+  float* l = scratch.l.data();
+  // Query rows: token i of the tile, head g of the KV head's group, pre-scaled.
+  for (int64_t i = 0; i < num_q; ++i) {
+    const T* src = query + (q_first + item.q_begin + i) * sh.q_stride + item.kv_head * G * D;
+    for (int64_t g = 0; g < G; ++g) {
+      float* dst = q + (i * G + g) * D;
+      load_row(src + g * D, dst, D);
+      scale_row(sh.scale, dst, D);
+    }
+  }
+  // Positions of the tile's first and last query tokens.
+  const int64_t pos_first = seq_len - q_len + item.q_begin;
+  const int64_t pos_last = seq_len - q_len + item.q_end - 1;
+  int64_t k_lo = item.k_begin, k_hi = std::min(item.k_end, pos_last + 1);
+  if (sh.window > 0) k_lo = std::max(k_lo, pos_first - sh.window + 1);
+  const int32_t* table = block_table + item.request * sh.max_blocks;
+  const int64_t kv_stride = sh.num_kv_heads * bs * D;  // one block of one of K or V
+  for (int64_t b = k_lo / bs; b * bs < k_hi; ++b) {
+    const int64_t block = table[b];
+    const int64_t t0 = std::max(k_lo, b * bs), t1 = std::min(k_hi, (b + 1) * bs);
+    const T* kb = k_cache + block * kv_stride + item.kv_head * bs * D;
+    const T* vb = v_cache + block * kv_stride + item.kv_head * bs * D;
+    float* kf = scratch.k.data();
+    float* vf = scratch.v.data();
+    for (int64_t t = t0; t < t1; ++t) {
+      load_row(kb + (t - b * bs) * D, kf + (t - t0) * D, D);
+      load_row(vb + (t - b * bs) * D, vf + (t - t0) * D, D);
+    }
+    for (int64_t i = 0; i < num_q; ++i) {
+      const int64_t pos = pos_first + i;
+      int64_t lo = t0, hi = std::min(t1, pos + 1);
+      if (sh.window > 0) lo = std::max(lo, pos - sh.window + 1);
+      if (lo >= hi) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = i * G + g;
+        const float* qr = q + r * D;
+        float* s = scratch.s.data();
+        float block_max = -std::numeric_limits<float>::infinity();
+        for (int64_t t = lo; t < hi; ++t) {
+          s[t - lo] = dot(qr, kf + (t - t0) * D, D);
+          block_max = std::max(block_max, s[t - lo]);
+        }
+        const float m_new = std::max(m[r], block_max);
+        const float correction = std::exp(m[r] - m_new);  // 0 when m[r] is -inf
+        float* ar = acc + r * D;
+        if (correction != 1.f) scale_row(correction, ar, D);
+        float sum = 0.f;
+        for (int64_t t = lo; t < hi; ++t) {
+          const float p = std::exp(s[t - lo] - m_new);
+          sum += p;
+          axpy(p, vf + (t - t0) * D, ar, D);
+        }
+        l[r] = l[r] * correction + sum;
+        m[r] = m_new;
+      }
+    }
+  }
+  if (item.partial < 0) {
+    for (int64_t i = 0; i < num_q; ++i) {
+      T* dst = out + ((q_first + item.q_begin + i) * sh.num_heads + item.kv_head * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = i * G + g;
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        for (int64_t d = 0; d < D; ++d) dst[g * D + d] = static_cast<T>(acc[r * D + d] * inv);
+      }
+    }
+    return;
+  }
+  float* pa = partial_acc + item.partial * kQueryTile * G * D;
+  float* pml = partial_ml + item.partial * kQueryTile * G * 2;
+  std::copy(acc, acc + rows * D, pa);
+  for (int64_t r = 0; r < rows; ++r) {
+    pml[2 * r] = m[r];
+    pml[2 * r + 1] = l[r];
+  }
+}
+
+// Merge the partial results of one (request, KV head, query tile) split over context ranges.
+template <typename T>
+void merge_items(const std::vector<Item>& items, int64_t first, int64_t count, const Shape& sh,
+                 T* out, const int32_t* query_start_loc, const float* partial_acc,
+                 const float* partial_ml) {
+  const Item& head = items[first];
+  const int64_t D = sh.head_dim, G = sh.group;
+  const int64_t num_q = head.q_end - head.q_begin;
+  const int64_t q_first = query_start_loc[head.request];
+  std::vector<float> merged(D);
+  for (int64_t i = 0; i < num_q; ++i) {
+    T* dst = out + ((q_first + head.q_begin + i) * sh.num_heads + head.kv_head * G) * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = i * G + g;
+      float m_all = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < count; ++j) {
+        m_all = std::max(m_all, partial_ml[(items[first + j].partial * kQueryTile * G + r) * 2]);
+      }
+      std::fill(merged.begin(), merged.end(), 0.f);
+      float l_all = 0.f;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t p = items[first + j].partial;
+        const float mj = partial_ml[(p * kQueryTile * G + r) * 2];
+        const float lj = partial_ml[(p * kQueryTile * G + r) * 2 + 1];
+        if (lj == 0.f) continue;
+        const float w = std::exp(mj - m_all);
+        l_all += lj * w;
+        axpy(w, partial_acc + (p * kQueryTile * G + r) * D, merged.data(), D);
+      }
+      const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = static_cast<T>(merged[d] * inv);
+    }
+  }
+}
+
+// The work items of one call, and where split items' partial results go. Items of one split
+// group are consecutive; `groups` holds (first item, count) of each split group.
+struct Plan {
+  std::vector<Item> items;
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  int64_t num_partials = 0;
+};
+
+Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* seq_lens,
+                int64_t num_reqs) {
+  Plan plan;
+  int64_t base_items = 0;
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
+    base_items += sh.num_kv_heads * ((q_len + kQueryTile - 1) / kQueryTile);
+  }
+  const int64_t target = 2 * at::get_num_threads();
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
+    if (q_len <= 0) continue;
+    const int64_t seq_len = seq_lens[r];
+    for (int64_t qb = 0; qb < q_len; qb += kQueryTile) {
+      const int64_t qe = std::min(q_len, qb + kQueryTile);
+      const int64_t context = seq_len - q_len + qe;  // keys the tile's last token sees
+      int64_t splits = 1;
+      if (base_items < target && base_items > 0) {
+        splits = std::min((target + base_items - 1) / base_items, context / kMinSplitTokens);
+        splits = std::max<int64_t>(splits, 1);
+      }
+      int64_t range = (context + splits - 1) / splits;
+      range = ((range + sh.block_size - 1) / sh.block_size) * sh.block_size;
+      for (int64_t h = 0; h < sh.num_kv_heads; ++h) {
+        if (splits == 1) {
+          plan.items.push_back({r, h, qb, qe, 0, context, -1});
+          continue;
+        }
+        const int64_t first = static_cast<int64_t>(plan.items.size());
+        for (int64_t k0 = 0; k0 < context; k0 += range) {
+          plan.items.push_back({r, h, qb, qe, k0, std::min(context, k0 + range),
+                                plan.num_partials++});
+        }
+        plan.groups.emplace_back(first, static_cast<int64_t>(plan.items.size()) - first);
+      }
+    }
+  }
+  return plan;
+}
+
+template <typename T>
+void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
+              const at::Tensor& slot_mapping, const Shape& sh, int64_t num_tokens) {
+  const int64_t D = sh.head_dim, bs = sh.block_size, KVH = sh.num_kv_heads;
+  const int64_t num_blocks = kv_cache.size(1);
+  T* k_cache = kv_cache.data_ptr<T>();
+  T* v_cache = k_cache + num_blocks * KVH * bs * D;
+  const T* k = key.data_ptr<T>();
+  const T* v = value.data_ptr<T>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  at::parallel_for(0, num_tokens, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t slot = slots[t];
+      if (slot < 0) continue;
+      const int64_t block = slot / bs, offset = slot % bs;
+      for (int64_t h = 0; h < KVH; ++h) {
+        const int64_t dst = ((block * KVH + h) * bs + offset) * D;
+        const T* k_row = k + t * sh.k_stride + h * D;
+        const T* v_row = v + t * sh.v_stride + h * D;
+        std::copy(k_row, k_row + D, k_cache + dst);
+        std::copy(v_row, v_row + D, v_cache + dst);
+      }
+    }
+  });
+}
+
+template <typename T>
+void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+            const at::Tensor& block_table, const at::Tensor& query_start_loc,
+            const at::Tensor& seq_lens, const Shape& sh) {
+  const int64_t num_reqs = seq_lens.size(0);
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  Plan plan = plan_items(sh, qsl, lens, num_reqs);
+  const int64_t num_blocks = kv_cache.size(1);
+  const T* k_cache = kv_cache.data_ptr<T>();
+  const T* v_cache = k_cache + num_blocks * sh.num_kv_heads * sh.block_size * sh.head_dim;
+  const T* q = query.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  std::vector<float> partial_acc(plan.num_partials * kQueryTile * sh.group * sh.head_dim);
+  std::vector<float> partial_ml(plan.num_partials * kQueryTile * sh.group * 2);
+  const int64_t num_items = static_cast<int64_t>(plan.items.size());
+  at::parallel_for(0, num_items, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      run_item<T>(plan.items[i], sh, q, o, k_cache, v_cache, table, qsl, lens,
+                  partial_acc.data(), partial_ml.data(), scratch);
+    }
+  });
+  const int64_t num_groups = static_cast<int64_t>(plan.groups.size());
+  at::parallel_for(0, num_groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      merge_items<T>(plan.items, plan.groups[g].first, plan.groups[g].second, sh, o, qsl,
+                     partial_acc.data(), partial_ml.data());
+    }
+  });
+}
+
+// out[T, H, D] = attention of query[T, H, D] over each request's context, after writing the
+// step's key/value[T, KVH, D] into kv_cache through slot_mapping (-1 skips a token).
+at::Tensor paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& key,
+                           const at::Tensor& value, at::Tensor kv_cache,
+                           const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                           double scale, int64_t sliding_window, int64_t num_tokens) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
+              "kv_cache must be [2, num_blocks, num_kv_heads, block_size, head_dim]");
+  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, H, D]");
+  TORCH_CHECK(kv_cache.is_contiguous() && out.is_contiguous(),
+              "paged_attention needs a contiguous kv_cache and out");
+  for (const at::Tensor* t : {&query, &key, &value}) {
+    TORCH_CHECK(t->dim() == 3 && t->stride(2) == 1 && t->stride(1) == t->size(2),
+                "query, key and value must be [T, heads, D] with contiguous token rows");
+  }
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && query_start_loc.scalar_type() == at::kInt &&
+                  seq_lens.scalar_type() == at::kInt && slot_mapping.scalar_type() == at::kLong,
+              "block_table, query_start_loc and seq_lens must be int32, slot_mapping int64");
+  TORCH_CHECK(block_table.is_contiguous() && query_start_loc.is_contiguous() &&
+                  seq_lens.is_contiguous() && slot_mapping.is_contiguous(),
+              "the metadata tensors must be contiguous");
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() &&
+                  key.scalar_type() == kv_cache.scalar_type(),
+              "query, key, value and kv_cache must share a dtype");
+  Shape sh;
+  sh.num_heads = query.size(1);
+  sh.num_kv_heads = kv_cache.size(2);
+  TORCH_CHECK(sh.num_heads % sh.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  sh.group = sh.num_heads / sh.num_kv_heads;
+  sh.block_size = kv_cache.size(3);
+  sh.head_dim = kv_cache.size(4);
+  sh.max_blocks = block_table.size(1);
+  sh.window = sliding_window;
+  sh.scale = static_cast<float>(scale);
+  sh.q_stride = query.stride(0);
+  sh.k_stride = key.stride(0);
+  sh.v_stride = value.stride(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention",
+                                  [&] {
+                                    write_kv<scalar_t>(key, value, kv_cache, slot_mapping, sh,
+                                                       num_tokens);
+                                    attend<scalar_t>(out, query, kv_cache, block_table,
+                                                     query_start_loc, seq_lens, sh);
+                                  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(OCTAVO_CPU_NAMESPACE, m) {
+  m.def(
+      "paged_attention(Tensor(a!) out, Tensor query, Tensor key, Tensor value, Tensor(b!) "
+      "kv_cache, Tensor slot_mapping, Tensor block_table, Tensor query_start_loc, "
+      "Tensor seq_lens, float scale, int sliding_window, int num_tokens) -> Tensor(a!)");
+  m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+}

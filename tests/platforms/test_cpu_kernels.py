@@ -1,0 +1,86 @@
+"""The cpu platform's compiled kernels: which library loads, forcing one, and the torch path
+they fall back to (the conformance suite checks the kernels themselves, on every path CI runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo_cpu import kernels
+from octavo_cpu.attention import CpuAttentionBackend
+from octavo.platform.types import AttentionSpec
+
+AVX512_HOST = frozenset("avx512f avx512bw avx512vl avx512dq avx512_bf16 fma avx2 f16c".split())
+AVX2_HOST = frozenset("avx2 fma f16c sse4_2".split())
+
+
+def built(isa: str) -> bool:
+    return kernels._library_path(isa) is not None
+
+
+def test_supported_isas_follow_the_cpu_flags():
+    assert kernels.supported_isas(AVX512_HOST) == ["avx512", "avx2"]
+    assert kernels.supported_isas(AVX2_HOST) == ["avx2"]
+    assert kernels.supported_isas(AVX512_HOST - {"avx512_bf16"}) == ["avx2"]
+    assert kernels.supported_isas(frozenset({"sse4_2"})) == []
+
+
+def test_torch_forced_loads_nothing():
+    chosen = kernels._load("torch")
+    assert chosen.ops is None and chosen.path == "torch" and "OCTAVO_CPU_KERNELS" in chosen.reason
+
+
+def test_an_unknown_choice_is_refused():
+    with pytest.raises(ValueError, match="OCTAVO_CPU_KERNELS='sse'.*avx512, avx2, torch"):
+        kernels._load("sse")
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_a_forced_isa_loads_its_library_or_is_refused(isa):
+    runnable = kernels.supported_isas(kernels.cpu_flags())
+    if isa not in runnable:
+        with pytest.raises(ValueError, match=f"lacks {isa}"):
+            kernels._load(isa)
+        return
+    chosen = kernels._load(isa)
+    if built(isa):
+        assert chosen.isa == isa and chosen.path == f"compiled ({isa})"
+        assert hasattr(chosen.ops, "paged_attention")
+    else:
+        assert chosen.ops is None and "no compiled library" in chosen.reason
+
+
+def test_the_default_is_the_best_built_library_this_cpu_runs():
+    runnable = [isa for isa in kernels.supported_isas(kernels.cpu_flags()) if built(isa)]
+    chosen = kernels._load("")
+    assert chosen.isa == (runnable[0] if runnable else None)
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_and_torch_paths_agree_on_a_mixed_batch(isa, dtype):
+    """Both paths on one mixed batch (a prefill chunk after context beside decodes), block
+    size 1 and head_dim 8 as stories260K has; the conformance suite holds each to the reference."""
+    from octavo.testing.conformance.paged_batches import allocate_block_tables, build_metadata
+
+    if not built(isa) or isa not in kernels.supported_isas(kernels.cpu_flags()):
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+
+    spec = AttentionSpec(
+        num_heads=8, num_kv_heads=4, head_dim=8, dtype=dtype, block_size=1, scale=8**-0.5
+    )
+    generator = torch.Generator().manual_seed(0)
+    tables, num_blocks = allocate_block_tables([40, 30, 9], 1, generator)
+    chunks = [(0, 30, 10), (1, 29, 1), (2, 8, 1)]
+    metadata = build_metadata(chunks, tables, 1)
+    num_tokens = 12
+    q = torch.randn(num_tokens, 8, 8, generator=generator).to(dtype)
+    k = torch.randn(num_tokens, 4, 8, generator=generator).to(dtype)
+    v = torch.randn(num_tokens, 4, 8, generator=generator).to(dtype)
+    compiled = CpuAttentionBackend(spec, kernels._load(isa))
+    torch_path = CpuAttentionBackend(spec, kernels._load("torch"))
+    cache = torch.randn(compiled.kv_cache_shape(num_blocks), generator=generator).to(dtype)
+    expected = torch_path.forward(q, k, v, cache.clone(), metadata)
+    actual = compiled.forward(q, k, v, cache.clone(), metadata)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
