@@ -14,7 +14,7 @@ PORT ?= 8000
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml requirements-test.txt
+$(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml requirements-test.txt platforms/cpu/setup.py $(wildcard platforms/cpu/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch is pinned to the CPU wheel; install it first so nothing pulls a CUDA build.

@@ -27,13 +27,13 @@ import torch
 
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.platform import Platform
+from octavo.sampling_params import SamplingParams
 from octavo.sched.output import (
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,
 )
-from octavo.platform import Platform
-from octavo.sampling_params import SamplingParams
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
 SMALL_LLAMA = TinyModelSpec(

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from models import MODEL_DTYPES, make_model
 
 from octavo.bench.datasets import BenchRequest, random_requests

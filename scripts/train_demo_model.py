@@ -30,8 +30,6 @@ from pathlib import Path  # noqa: E402
 import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
-
 from demo_model.corpus import load_corpus, stdlib_root  # noqa: E402
 from demo_model.report import (  # noqa: E402
     REPETITION_PENALTY,
@@ -43,6 +41,7 @@ from demo_model.report import (  # noqa: E402
 )
 from demo_model.tokenizer import SPECIAL_TOKENS, encode_documents, to_transformers, train_tokenizer  # noqa: E402
 from demo_model.training import TrainConfig, build_model, evaluate, pack_windows, train  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "core" / "octavo" / "data" / "demo-model"

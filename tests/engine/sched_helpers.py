@@ -6,11 +6,11 @@ import itertools
 from typing import Optional
 
 from octavo.config import SchedulerConfig
-from octavo.sched.scheduler import Scheduler
 from octavo.kv_cache.manager import KVCacheManager
 from octavo.kv_cache.transfers import TransferKind
-from octavo.sched.output import SchedulerOutput
 from octavo.request import Request
+from octavo.sched.output import SchedulerOutput
+from octavo.sched.scheduler import Scheduler
 
 BLOCK_SIZE = 4
 

@@ -7,11 +7,11 @@ comes back."""
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import assert_pool_clean, generate_ids, make_llm, shared_prefix_prompts
+
 from octavo import SamplingParams
-from octavo.outputs.request_state import RequestState
 from octavo.model_executor import input_batch, logits_processors
+from octavo.outputs.request_state import RequestState
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, seed=99, max_tokens=24, ignore_eos=True)
@@ -197,7 +197,7 @@ def alone_greedy(tiny_model, prompt) -> list[int]:
     return generate_ids(make_llm(tiny_model), [prompt], GREEDY)[0]
 
 
-def test_a_failed_sample_ends_its_siblings(tiny_model, prompts, monkeypatch):
+def test_a_failed_child_ends_the_other_children(tiny_model, prompts, monkeypatch):
     original = RequestState.append_tokens
 
     def append_tokens(self, new_token_ids, new_logprobs):
@@ -214,16 +214,16 @@ def test_a_failed_sample_ends_its_siblings(tiny_model, prompts, monkeypatch):
     )
     assert output.finished and "planted" in (output.error or ""), output
     assert sorted(c.finish_reason for c in output.outputs) == ["abort", "abort", "error"]
-    assert all(len(c.token_ids) < 16 for c in output.outputs), "the siblings did not run on"
+    assert all(len(c.token_ids) < 16 for c in output.outputs), "the other children did not run on"
     assert_pool_clean(llm)
 
 
 @pytest.mark.parametrize("scheduling_policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("num_steps", [0, 1])
-def test_aborting_samples_before_their_leader_forks_frees_them(
+def test_aborting_children_before_the_first_child_forks_frees_them(
     tiny_model, prompts, scheduling_policy, num_steps
 ):
-    # The leader's siblings are released as it is aborted; the next id aborted is one of them.
+    # The other children are released as the first is aborted; the next id aborted is one of them.
     llm = make_llm(tiny_model, max_num_batched_tokens=16, scheduling_policy=scheduling_policy)
     engine = llm.engine
     engine.add_request(

@@ -8,13 +8,12 @@ import json
 import shutil
 
 import pytest
+from engine_helpers import make_llm
 
 from octavo import SamplingParams
 from octavo.config import EngineArgs, json_object
 from octavo.errors import ConfigError
 from octavo.sampling_defaults import cap_max_tokens, load_sampling_defaults
-
-from engine_helpers import make_llm
 
 PROMPT = [1, 17, 42, 99, 5]
 RECOMMENDED = {

@@ -49,7 +49,7 @@ def inputs(tokenizer) -> InputProcessor:
 )
 def test_every_prompt_form_becomes_the_same_processed_prompt(inputs, prompt, token_ids, text):
     request = inputs.process("r", prompt, SamplingParams())
-    assert request.prompt.token_ids == token_ids and request.prompt.text == text
+    assert request.prompt.token_ids == tuple(token_ids) and request.prompt.text == text
 
 
 def test_text_is_encoded_once_and_token_ids_never(inputs, tokenizer):
@@ -103,7 +103,8 @@ def test_a_prompt_dict_may_carry_the_cache_salt(inputs):
     salted = TokensPrompt(prompt_token_ids=[1, 2], cache_salt="tenant-a")
     assert inputs.process("r", salted, SamplingParams()).options.cache_salt == "tenant-a"
     explicit = RequestOptions(cache_salt="tenant-b")
-    assert inputs.process("r", salted, SamplingParams(), explicit).options.cache_salt == "tenant-b"
+    plain = TokensPrompt(prompt_token_ids=[1, 2])
+    assert inputs.process("r", plain, SamplingParams(), explicit).options.cache_salt == "tenant-b"
 
 
 @pytest.mark.parametrize(
@@ -122,7 +123,7 @@ def test_bad_options_raise_value_error_naming_the_field(options, match):
 
 def test_text_without_a_tokenizer_is_refused():
     inputs = InputProcessor(None, vocab_size=50, max_model_len=8)
-    assert inputs.process("r", [3, 4], SamplingParams()).prompt.token_ids == [3, 4]
+    assert inputs.process("r", [3, 4], SamplingParams()).prompt.token_ids == (3, 4)
     with pytest.raises(PromptError, match="no tokenizer"):
         inputs.process("r", "text", SamplingParams())
 
@@ -154,8 +155,44 @@ def test_one_bad_prompt_refuses_the_whole_call_and_queues_nothing(tiny_model):
     from engine_helpers import make_llm
 
     llm = make_llm(tiny_model)
+    greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     with pytest.raises(ValueError, match="prompt is empty"):
-        llm.generate([[1, 2, 3], [], [4, 5]], SamplingParams(max_tokens=2), use_tqdm=False)
+        llm.generate([[1, 2, 3], [], [4, 5]], greedy, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
-    (output,) = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    (output,) = llm.generate([[1, 2, 3]], greedy, use_tqdm=False)
     assert output.finished and len(output.outputs[0].token_ids) == 2
+
+
+def test_numpy_priorities_are_integers():
+    numpy = pytest.importorskip("numpy")
+    options = RequestOptions(priority=numpy.int64(3))
+    assert options.priority == 3 and type(options.priority) is int
+
+
+def test_a_cache_salt_given_twice_must_agree(inputs):
+    salted = TokensPrompt(prompt_token_ids=[1, 2], cache_salt="tenant-a")
+    same = RequestOptions(cache_salt="tenant-a")
+    assert inputs.process("r", salted, SamplingParams(), same).options.cache_salt == "tenant-a"
+    with pytest.raises(ValueError, match="^cache_salt is given twice"):
+        inputs.process("r", salted, SamplingParams(), RequestOptions(cache_salt="tenant-b"))
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (SamplingParams(prompt_logprobs=1), "^prompt_logprobs is not supported yet"),
+        (SamplingParams(stop=["x"]), "^stop strings need a tokenizer"),
+    ],
+)
+def test_what_the_engine_cannot_do_is_refused(params, match):
+    inputs = InputProcessor(None, vocab_size=50, max_model_len=8)
+    with pytest.raises(ValueError, match=match):
+        inputs.process("r", [1], params)
+
+
+def test_a_processed_prompt_is_not_checked_again(inputs, tokenizer):
+    prompt = inputs.process_prompt("the cat", field="messages")
+    request = inputs.process("r", prompt, SamplingParams())
+    assert request.prompt is prompt and tokenizer.encoded == ["the cat"]
+    with pytest.raises(PromptError, match="^messages is empty"):
+        inputs.process_prompt([], field="messages")

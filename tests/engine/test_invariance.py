@@ -4,10 +4,9 @@ caching, on the chunked-prefill budget, or on being preempted (recompute or swap
 from __future__ import annotations
 
 import pytest
+from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
 
 from octavo import SamplingParams
-
-from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 NUM_REQUESTS = 64

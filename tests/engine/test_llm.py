@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import assert_pool_clean, generate_ids, make_llm, shared_prefix_prompts
 
 from octavo import SamplingParams
 from octavo.entrypoints.beam_search import BeamSearchParams
 from octavo.sampling_params import RequestOutputKind
-
-from engine_helpers import assert_pool_clean, generate_ids, make_llm, shared_prefix_prompts
 
 
 @pytest.fixture(scope="module")

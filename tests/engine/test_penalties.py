@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
 
 from octavo import SamplingParams
-
-from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ n > 1 wraps its per-sample seeds back into that range), tiny temperatures sample
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import assert_pool_clean, make_llm
+
 from octavo import SamplingParams
 from octavo.sampling_params import MAX_TOP_K, SEED_MAX, SEED_MIN
 
@@ -52,7 +52,7 @@ def test_a_tiny_temperature_samples_valid_tokens(llm):
 
 @pytest.mark.parametrize("enable_prefix_caching", [False, True])
 def test_more_samples_than_max_num_seqs_take_turns(tiny_model, llm, enable_prefix_caching):
-    # The siblings that do not fit the running batch once the prompt is computed wait for a
+    # The children that do not fit the running batch once the prompt is computed wait for a
     # place (they used to join it anyway, and the runner's batch overflowed: the engine died).
     small = make_llm(tiny_model, max_num_seqs=2, enable_prefix_caching=enable_prefix_caching)
     assert sample(small, seed=7, n=5) == sample(llm, seed=7, n=5)

@@ -294,8 +294,8 @@ def test_finish_requests_frees_every_block_and_reports_what_the_runner_knew():
 # --- n > 1 -----------------------------------------------------------------------------------
 
 
-def test_fork_siblings_wait_for_the_leader_then_share_its_blocks():
-    """The siblings of a fork group wait while the leader computes its prompt but the last
+def test_children_wait_for_the_first_child_then_share_its_blocks():
+    """The other children of a parent wait while the first child computes its prompt but the last
     token; then they join with its progress and blocks, and every sample computes the last
     token itself (the shared partial block copied on write for all but the last writer)."""
     scheduler = make_scheduler()
@@ -306,7 +306,7 @@ def test_fork_siblings_wait_for_the_leader_then_share_its_blocks():
     first = scheduler.schedule()
     assert first.num_scheduled_tokens == {"L": 9}
     assert ids(scheduler.waiting) == [] and scheduler.stats.num_waiting == 2
-    leader_blocks = kv.get_block_ids("L")
+    first_blocks = kv.get_block_ids("L")
     assert sample(scheduler) == {}
     scheduler.update_from_output({})
 
@@ -314,20 +314,20 @@ def test_fork_siblings_wait_for_the_leader_then_share_its_blocks():
     assert second.num_scheduled_tokens == {"L": 1, "S1": 1, "S2": 1}
     for name in ("S1", "S2"):
         data = new_req(second, name)
-        assert data.num_computed_tokens == 9 and data.block_ids[:2] == leader_blocks[:2]
-    assert [kv.block_pool.blocks[i].ref_cnt for i in leader_blocks[:2]] == [3, 3]
+        assert data.num_computed_tokens == 9 and data.block_ids[:2] == first_blocks[:2]
+    assert [kv.block_pool.blocks[i].ref_cnt for i in first_blocks[:2]] == [3, 3]
     (copy,) = transfers_of(second, TransferKind.COPY)
-    assert copy[0] == (leader_blocks[2], leader_blocks[2])
-    assert kv.get_block_ids("S2")[2] == leader_blocks[2]  # the last writer keeps the original
+    assert copy[0] == (first_blocks[2], first_blocks[2])
+    assert kv.get_block_ids("S2")[2] == first_blocks[2]  # the last writer keeps the original
     l_data = cached_req(second, "L")
     assert l_data.block_table_start == 2 and l_data.new_block_ids == [kv.get_block_ids("L")[2]]
     assert kv.num_free_blocks == kv.block_pool.num_blocks - 5
     assert all(len(scheduler.requests[n].output_token_ids) == 1 for n in ("L", "S1", "S2"))
 
 
-def test_fork_siblings_are_released_when_the_prefix_cache_covers_the_leader():
-    """When a prefix hit already covers the leader's prompt but the last token, there is
-    nothing to wait for: the siblings are queued and hit the same cached blocks."""
+def test_children_are_released_when_the_prefix_cache_covers_the_first_child():
+    """When a prefix hit already covers the first child's prompt but the last token, there is
+    nothing to wait for: the other children are queued and hit the same cached blocks."""
     scheduler = make_scheduler()
     prompt = list(range(1, 10))  # 9 tokens: two full blocks and the last token
     scheduler.add_request(make_request(scheduler, "warm", prompt))

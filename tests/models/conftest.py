@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_cases import TINY_SPECS
 
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
 from octavo.testing.tiny_models import write_tiny_model
-
-from model_cases import TINY_SPECS
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from model_cases import ARCHITECTURES, PROMPTS, blocks_needed
 from paged_driver import Driver
 

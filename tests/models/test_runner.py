@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from model_cases import PROMPTS, blocks_needed
-from octavo.sched.output import NewRequestData, SchedulerOutput
-from octavo.sampling_params import SamplingParams
 from paged_driver import Driver
+
+from octavo.sampling_params import SamplingParams
+from octavo.sched.output import NewRequestData, SchedulerOutput
 
 ARCH = "LlamaForCausalLM"
 MAX_TOKENS = 24

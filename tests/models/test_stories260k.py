@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from model_cases import blocks_needed
+from paged_driver import Driver
 
 from octavo.model_executor.loader import load_tokenizer
-from paged_driver import Driver
-from model_cases import blocks_needed
 
 pytestmark = pytest.mark.shared
 

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from test_greedy import assert_bfloat16_greedy_matches
 
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
@@ -17,7 +18,6 @@ from octavo.models.layers.embedding import ParallelLMHead, VocabParallelEmbeddin
 from octavo.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.widen import WidenedMatmul, widen_matmuls
-from test_greedy import assert_bfloat16_greedy_matches
 
 
 def test_widened_product_equals_the_bfloat16_matmul_within_one_rounding():

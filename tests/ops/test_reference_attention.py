@@ -74,6 +74,7 @@ def paged_case(requests, num_heads, num_kv_heads, head_dim, block_size, dtype, n
         max_seq_len=max(c + n for c, n in requests),
         num_actual_tokens=sum(query_lens),
     )
+
     def pad(t):
         return torch.cat([t, torch.randn(num_padding, *t.shape[1:], generator=gen).to(dtype)])
 

@@ -9,15 +9,14 @@ import time
 
 import psutil
 import pytest
+from engine_gate import EngineGate  # noqa: E402  (tests/server/engine_gate.py)
+from server_constants import ENGINE_DEFAULTS  # noqa: E402  (tests/server/conftest.py)
 
 from octavo import SamplingParams
 from octavo.config import EngineArgs
 from octavo.engine.async_engine import AsyncEngine, EngineDeadError
 from octavo.engine.llm_engine import LLMEngine
 from octavo.sampling_params import RequestOutputKind
-
-from engine_gate import EngineGate  # noqa: E402  (tests/server/engine_gate.py)
-from server_constants import ENGINE_DEFAULTS  # noqa: E402  (tests/server/conftest.py)
 
 
 @pytest.fixture

@@ -10,12 +10,11 @@ import time
 import httpx2 as httpx
 import openai
 import pytest
+from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
+from server_constants import MODEL_NAME  # noqa: E402  (tests/server/conftest.py)
 
 from octavo import SamplingParams
 from octavo.entrypoints.openai.serving_common import ServerConfig
-
-from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
-from server_constants import MODEL_NAME  # noqa: E402  (tests/server/conftest.py)
 
 
 def wait_for(predicate, timeout: float = 20.0) -> None:

@@ -7,10 +7,9 @@ import json
 
 import httpx2 as httpx
 import pytest
+from engine_gate import EngineGate  # noqa: E402  (tests/server/engine_gate.py)
 
 from octavo import SamplingParams
-
-from engine_gate import EngineGate  # noqa: E402  (tests/server/engine_gate.py)
 
 CHAT = [{"role": "user", "content": "hi"}]
 TOO_LONG = list(range(3, 303))  # 300 tokens; the model's context is 256

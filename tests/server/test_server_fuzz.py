@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
+from server_constants import MODEL_NAME
 
 from octavo.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from octavo.entrypoints.openai.protocol import CompletionRequest
-from server_constants import MODEL_NAME
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 ROUTES = (COMPLETIONS, CHAT)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from octavo import SamplingParams
-
 from server_constants import MODEL_NAME
+
+from octavo import SamplingParams
 
 PROMPT = "once upon a time there was a little girl"
 

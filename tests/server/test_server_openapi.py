@@ -7,7 +7,6 @@ from typing import Any, Iterator
 
 import httpx2 as httpx
 import pytest
-
 from server_constants import MODEL_NAME
 
 SCHEMAS = "#/components/schemas/"

@@ -9,10 +9,9 @@ import time
 
 import httpx2 as httpx
 import pytest
+from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
 
 from octavo import SamplingParams
-
-from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
 
 PROMPTS = [
     "once upon a time",

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from octavo.bench.datasets import random_requests
-from octavo.bench.throughput import make_llm
 from octavo.bench.report import print_table, summarize, write_json
+from octavo.bench.throughput import make_llm
 from octavo.config import EngineArgs
 
 

@@ -10,8 +10,8 @@ from tqdm.auto import tqdm
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
-from octavo.inputs import PromptType, RequestOptions, TokensPrompt
 from octavo.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_one
+from octavo.inputs import PromptType, RequestOptions, TokensPrompt
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -94,12 +94,10 @@ class LLM:
     ) -> list[BeamSearchOutput]:
         """The ``params.beam_width`` best continuations of each prompt (deterministic)."""
         inputs = self.engine.input_processor
-        outputs = []
-        for prompt in self._as_list(prompts):
-            token_ids = inputs.tokenize(prompt).token_ids
-            inputs.check_prompt(token_ids)
-            outputs.append(beam_search_one(self, token_ids, params))
-        return outputs
+        return [
+            beam_search_one(self, list(inputs.process_prompt(prompt).token_ids), params)
+            for prompt in self._as_list(prompts)
+        ]
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -4,6 +4,7 @@ processed request that the engine accepts."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
 from typing import Optional, Union
 
@@ -58,8 +59,9 @@ class RequestOptions:
     arrival_time: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+        if isinstance(self.priority, bool) or not isinstance(self.priority, numbers.Integral):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
+        object.__setattr__(self, "priority", int(self.priority))  # numpy ints become ints
         if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
             raise ValueError(f"priority must be in [{PRIORITY_MIN}, {PRIORITY_MAX}]")
         if self.cache_salt is not None and not (
@@ -70,9 +72,9 @@ class RequestOptions:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProcessedPrompt:
-    """A prompt's token ids, and its text when it had one."""
+    """A prompt's token ids (checked against the model), and its text when it had one."""
 
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
     text: Optional[str] = None
 
 

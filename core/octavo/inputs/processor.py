@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from octavo.inputs.data import (
     ProcessedPrompt,
@@ -41,24 +41,43 @@ class InputProcessor:
     def process(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: Union[PromptType, ProcessedPrompt],
         params: SamplingParams,
         options: Optional[RequestOptions] = None,
     ) -> ProcessedRequest:
-        """``prompt`` tokenised (once) and every part of the request checked."""
+        """``prompt`` tokenised (once) and every part of the request checked. A
+        ``ProcessedPrompt`` (from ``process_prompt``) is taken as already checked."""
         options = RequestOptions() if options is None else options
-        processed = self.tokenize(prompt)
-        self.check_prompt(processed.token_ids)
-        params = params.for_vocabulary(self.vocab_size, self.eos_token_ids)
-        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-        if salt is not None and options.cache_salt is None:
-            options = dataclasses.replace(options, cache_salt=salt)
+        if not isinstance(prompt, ProcessedPrompt):
+            options = _with_prompt_salt(options, prompt)
+            prompt = self.process_prompt(prompt)
+        params = self.fit_params(params)
         if options.arrival_time is None:
             options = dataclasses.replace(options, arrival_time=time.time())
-        return ProcessedRequest(request_id, processed, params, options)
+        return ProcessedRequest(request_id, prompt, params, options)
+
+    def process_prompt(self, prompt: PromptType, field: str = "prompt") -> ProcessedPrompt:
+        """``prompt`` tokenised and checked (``field`` names it in errors)."""
+        processed = self.tokenize(prompt)
+        self.check_prompt(processed.token_ids, field)
+        return processed
+
+    def fit_params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` checked against this model (``SamplingParams.for_vocabulary``) and against
+        what this engine can do."""
+        if params.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt_logprobs is not supported yet: this engine does not compute logprobs of "
+                "prompt tokens; leave it unset"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError(
+                "stop strings need a tokenizer; this engine runs without one (use stop_token_ids)"
+            )
+        return params.for_vocabulary(self.vocab_size, self.eos_token_ids)
 
     def tokenize(self, prompt: PromptType) -> ProcessedPrompt:
-        """``prompt`` as token ids (text is encoded here, the only place the engine encodes)."""
+        """``prompt`` as token ids: text is encoded here (once), token ids are taken as given."""
         text = None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
@@ -73,27 +92,45 @@ class InputProcessor:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise PromptError("prompt is text but this engine has no tokenizer; give token ids")
-            return ProcessedPrompt(self.tokenizer.encode(prompt) if prompt else [], prompt)
+            token_ids = self.tokenizer.encode(prompt) if prompt else []
+            return ProcessedPrompt(tuple(token_ids), prompt)
         if isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
-            return ProcessedPrompt(list(prompt), text)
+            return ProcessedPrompt(tuple(prompt), text)
         raise PromptError(
             "prompt must be text, a list of token ids, or a dict with 'prompt' or "
             f"'prompt_token_ids'; got {type(prompt).__name__}"
         )
 
-    def check_prompt(self, token_ids: Sequence[int]) -> None:
+    def check_prompt(self, token_ids: Sequence[int], field: str = "prompt") -> None:
         """The prompt is not empty, its ids are in the vocabulary, and it leaves room for output."""
         if not token_ids:
-            raise PromptError("prompt is empty; give at least one token")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise PromptError(f"prompt token ids must be in [0, {self.vocab_size}) for this model")
+            raise PromptError(f"{field} is empty; give at least one token")
+        self.check_token_ids(token_ids, field)
         if len(token_ids) >= self.max_model_len:
             raise PromptError(
-                f"prompt has {len(token_ids)} tokens, which leaves no room to generate within "
+                f"{field} has {len(token_ids)} tokens, which leaves no room to generate within "
                 f"max_model_len={self.max_model_len} (the model's context, counting at least one "
                 "output token); shorten it",
                 code="context_length_exceeded",
             )
+
+    def check_token_ids(self, token_ids: Sequence[int], field: str = "prompt") -> None:
+        """Every id is in this model's vocabulary."""
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
+            raise PromptError(f"{field} token ids must be in [0, {self.vocab_size}) for this model")
+
+
+def _with_prompt_salt(options: RequestOptions, prompt: PromptType) -> RequestOptions:
+    """``options`` with the prompt dict's ``cache_salt``, which must agree with the option's."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is None or salt == options.cache_salt:
+        return options
+    if options.cache_salt is not None:
+        raise ValueError(
+            f"cache_salt is given twice with different values ({salt!r} in the prompt, "
+            f"{options.cache_salt!r} as an option); give it once"
+        )
+    return dataclasses.replace(options, cache_salt=salt)
 
 
 def _is_token_id(value: Any) -> bool:

@@ -13,9 +13,9 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from octavo.sched.output import NewRequestData
 from octavo.platform.types import SamplingMetadata
 from octavo.sampling_params import SamplingParams
+from octavo.sched.output import NewRequestData
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,7 +71,6 @@ class InputBatch:
         self.max_num_reqs, self.max_model_len = max_num_reqs, max_model_len
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-        pin = pin_memory
         self.req_ids: list[Optional[str]] = []
         self.req_id_to_index: dict[str, int] = {}
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
@@ -101,7 +100,7 @@ class InputBatch:
         self._sampling_cpu = {
             name: (buffer, buffer.numpy())
             for name, buffer in (
-                (name, _host_buffer(max_num_reqs, dtype, pin))
+                (name, _host_buffer(max_num_reqs, dtype, pin_memory))
                 for name, dtype in (
                     ("temperature", torch.float32),
                     ("top_k", torch.int32),

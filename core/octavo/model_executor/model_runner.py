@@ -24,13 +24,13 @@ from octavo.model_executor.logprobs import compute_logprobs
 from octavo.model_executor.memory import PeakMemory, zeros_on_touch
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.runner_output import ModelRunnerOutput
-from octavo.sched.output import NewRequestData, SchedulerOutput
 from octavo.models.layers.attention import Attention
 from octavo.models.layers.linear import TPGroup
 from octavo.models.layers.widen import widen_matmuls
 from octavo.platform.facade import Platform
 from octavo.platform.types import AttentionMetadata
 from octavo.sampling_params import SamplingParams
+from octavo.sched.output import NewRequestData, SchedulerOutput
 
 LogitsProcessor = Callable[[torch.Tensor, InputBatch, np.ndarray], torch.Tensor]
 """``fn(logits [S, V] fp32, batch, rows [S]) -> logits``: adjusts the logits of batch rows

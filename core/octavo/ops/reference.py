@@ -12,7 +12,6 @@ import torch
 
 from octavo.platform.types import AttentionMetadata, SamplingMetadata
 
-
 # --- paged attention -------------------------------------------------------------------------
 
 

@@ -12,24 +12,24 @@ import dataclasses
 import time
 from typing import Any, Iterable, Optional, Sequence
 
-from octavo.outputs.detokenizer import TokenizerAdapter
 from octavo.engine.core_output import EngineCoreOutput
 from octavo.model_executor.runner_output import StepLogprobs
+from octavo.outputs.detokenizer import TokenizerAdapter
 from octavo.outputs.logprobs import build_logprob_dicts
 from octavo.outputs.request_state import RequestState
 from octavo.outputs.stop_checker import StopChecker
-from octavo.outputs.types import FinishReason
-from octavo.outputs.types import PromptLogprobs, RequestMetrics, RequestOutput
+from octavo.outputs.types import FinishReason, PromptLogprobs, RequestMetrics, RequestOutput
 from octavo.sampling_params import SEED_MAX, RequestOutputKind, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChildRequest:
-    """One engine request to schedule for a user request: sample ``index`` of its ``n``.
+    """One engine request to schedule for a user request (its parent): sample ``index`` of its
+    ``n``.
 
     With n == 1 the engine request id is the user's; otherwise ``"{index}_{request_id}"``, with
-    ``n=1`` and, when seeded, ``seed + index`` in its params. Siblings share the prompt, so the
-    core may fork their KV blocks.
+    ``n=1`` and, when seeded, ``seed + index`` in its params. The children of one parent share
+    its prompt, so the core may fork their KV blocks.
     """
 
     request_id: str
@@ -136,10 +136,6 @@ class OutputProcessor:
         self._states: dict[str, RequestState] = {}
         self._parent_of: dict[str, ParentRequest] = {}
 
-    def get_num_unfinished_requests(self) -> int:
-        """How many user requests still have a running sample."""
-        return len(self._parents)
-
     def has_unfinished_requests(self) -> bool:
         """True while any user request is running."""
         return bool(self._parents)
@@ -150,21 +146,17 @@ class OutputProcessor:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         prompt: Optional[str] = None,
-        eos_token_id: Optional[int] = None,
         arrival_time: Optional[float] = None,
     ) -> list[ChildRequest]:
-        """Register a user request; return the engine requests (its ``n`` samples) to schedule."""
+        """Register a user request (checked by the ``InputProcessor``); return the engine requests
+        (its ``n`` samples) to schedule. A request id must not be running already."""
         if request_id in self._parents:
             raise ValueError(
                 f"request_id {request_id!r} is already running; request ids must be unique"
             )
-        if params.stop and self._adapter is None:
-            raise ValueError(
-                "stop strings need a tokenizer; this engine runs without one (use stop_token_ids)"
-            )
         prompt_token_ids = list(prompt_token_ids)
         max_output_tokens = self._max_output_tokens(len(prompt_token_ids), params)
-        eos = eos_token_id if eos_token_id is not None else self._eos_token_id
+        eos = self._eos_token_id
         parent = ParentRequest(
             request_id,
             prompt,

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from octavo.outputs.detokenizer import IncrementalDetokenizer, TokenizerAdapter
 from octavo.model_executor.runner_output import StepLogprobs
+from octavo.outputs.detokenizer import IncrementalDetokenizer, TokenizerAdapter
 from octavo.outputs.logprobs import build_logprob_dicts
 from octavo.outputs.stop_checker import StopChecker
-from octavo.outputs.types import FinishReason, StopReason
-from octavo.outputs.types import CompletionOutput, Logprob
+from octavo.outputs.types import CompletionOutput, FinishReason, Logprob, StopReason
 from octavo.sampling_params import SamplingParams
 
 

@@ -5,12 +5,12 @@ copies to perform first, and the requests that finished."""
 from __future__ import annotations
 
 from octavo.kv_cache.manager import KVCacheManager
+from octavo.request import Request
 from octavo.sched.output import (
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,
 )
-from octavo.request import Request
 
 
 class BatchDeltaBuilder:

@@ -12,12 +12,12 @@ import dataclasses
 from typing import Iterable, Optional
 
 from octavo.config import SchedulerConfig
+from octavo.kv_cache.manager import KVCacheManager
+from octavo.request import Request, RequestStatus
 from octavo.sched.batch_delta import BatchDeltaBuilder
 from octavo.sched.forks import ChildForks
-from octavo.sched.request_queue import make_queue, preemption_order_key
-from octavo.kv_cache.manager import KVCacheManager
 from octavo.sched.output import SchedulerOutput
-from octavo.request import Request, RequestStatus
+from octavo.sched.request_queue import make_queue, preemption_order_key
 
 
 @dataclasses.dataclass(slots=True)
@@ -99,10 +99,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
-
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self.requests)
 
     # --- one step ---------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ import triton.language as tl
 
 from octavo.platform.types import SamplingMetadata
 from octavo_triton.runtime import interpreting, next_power_of_2
-from octavo_triton.sampler import exponential_noise, make_sampler as make_filtering_sampler
+from octavo_triton.sampler import exponential_noise
+from octavo_triton.sampler import make_sampler as make_filtering_sampler
 from octavo_triton.tuning import SamplerTuning
 
 

@@ -139,4 +139,3 @@ def test_rejection_sampler_over_several_programs_and_chunks(device):
         got = verify(*on_device)
         expected = reference.rejection_sample(*case)
         assert torch.equal(got.cpu(), expected), f"seed {seed}: {got.tolist()}"
-

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from octavo.sampling_defaults import cap_max_tokens
 from octavo import sampling_params as sp
+from octavo.sampling_defaults import cap_max_tokens
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})

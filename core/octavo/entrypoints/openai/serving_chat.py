@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import AsyncIterator, Optional
 
@@ -112,15 +113,11 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
         body.continue_final_message,
         body.chat_template_kwargs,
     )
+    param_error = functools.partial(_param_error, body=body)
+    prompt = ctx.process_prompt(TokensPrompt(prompt_token_ids=token_ids), "messages")
+    options = ctx.options(body, param_error)
     request_id = new_request_id("chatcmpl")
-    request = ctx.process(
-        f"{request_id}-0",
-        TokensPrompt(prompt_token_ids=token_ids),
-        params,
-        body,
-        "messages",
-        lambda exc: _param_error(exc, body),
-    )
+    request = ctx.process(f"{request_id}-0", prompt, params, options, param_error)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     ctx.check_max_tokens(len(token_ids), params.max_tokens, "messages", max_param)
     admission = ctx.admit(1)

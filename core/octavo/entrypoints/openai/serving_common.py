@@ -24,7 +24,13 @@ from octavo.entrypoints.openai.errors import (
 )
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
 from octavo.errors import RequestError
-from octavo.inputs import ProcessedRequest, PromptError, PromptType, RequestOptions
+from octavo.inputs import (
+    ProcessedPrompt,
+    ProcessedRequest,
+    PromptError,
+    PromptType,
+    RequestOptions,
+)
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -103,23 +109,34 @@ class ServingContext:
                 code="model_not_found",
             )
 
+    def process_prompt(self, prompt: PromptType, field: str) -> ProcessedPrompt:
+        """``prompt`` tokenised and checked by the engine's input processor (the one place a
+        prompt is), or a 400 naming ``field``."""
+        try:
+            return self.input_processor.process_prompt(prompt, field)
+        except PromptError as exc:
+            raise bad_request(str(exc), param=field, code=exc.code) from None
+
+    @staticmethod
+    def options(body: Any, param_error: Callable[[ValueError], OpenAIError]) -> RequestOptions:
+        """The body's per-request options, or a 400 from ``param_error``."""
+        try:
+            return RequestOptions(priority=body.priority, cache_salt=body.cache_salt)
+        except ValueError as exc:
+            raise param_error(exc) from None
+
     def process(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: ProcessedPrompt,
         params: SamplingParams,
-        body: Any,
-        prompt_param: str,
+        options: RequestOptions,
         param_error: Callable[[ValueError], OpenAIError],
     ) -> ProcessedRequest:
-        """One engine request from ``prompt`` through the engine's input processor (the one
-        place a prompt is tokenised and checked), or a 400: ``prompt_param`` names the body field
-        at fault for the prompt, ``param_error`` maps the other fields' errors."""
+        """One engine request (its params checked against the model), or a 400 from
+        ``param_error``."""
         try:
-            options = RequestOptions(priority=body.priority, cache_salt=body.cache_salt)
             return self.input_processor.process(request_id, prompt, params, options)
-        except PromptError as exc:
-            raise bad_request(str(exc), param=prompt_param, code=exc.code) from None
         except ValueError as exc:
             raise param_error(exc) from None
 

@@ -70,19 +70,19 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     body = ctx.parse(CompletionRequest, await raw_request.body())
     ctx.check_model(body.model)
     _check_unsupported(body)
+    prompts = [ctx.process_prompt(prompt, "prompt") for prompt in _prompts(body.prompt)]
     try:
         params = body.sampling_params(body.max_tokens, body.logprobs, ctx.sampling_defaults)
     except ValueError as exc:
         raise _param_error(exc) from None
+    options = ctx.options(body, _param_error)
     request_id = new_request_id("cmpl")
     requests = [
-        ctx.process(f"{request_id}-{i}", prompt, params, body, "prompt", _param_error)
-        for i, prompt in enumerate(_prompts(body.prompt))
+        ctx.process(f"{request_id}-{i}", prompt, params, options, _param_error)
+        for i, prompt in enumerate(prompts)
     ]
-    for request in requests:
-        num_prompt_tokens = len(request.prompt.token_ids)
-        ctx.check_max_tokens(num_prompt_tokens, params.max_tokens, "prompt", "max_tokens")
-    prompts = [request.prompt for request in requests]
+    for prompt in prompts:
+        ctx.check_max_tokens(len(prompt.token_ids), params.max_tokens, "prompt", "max_tokens")
     admission = ctx.admit(len(prompts))
     generators = ctx.start(request_id, requests)
     if body.stream:

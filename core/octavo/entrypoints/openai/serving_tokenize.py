@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from octavo.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from octavo.entrypoints.openai.errors import bad_request, from_validation_errors
 from octavo.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from octavo.entrypoints.openai.serving_chat import render_chat
 from octavo.entrypoints.openai.serving_common import ServingContext
-from pydantic import ValidationError
+from octavo.inputs import PromptError
 
 
 async def tokenize(ctx: ServingContext, raw_request: Request) -> Response:
@@ -41,7 +42,8 @@ async def detokenize(ctx: ServingContext, raw_request: Request) -> Response:
     """``{"tokens": [...]}`` -> ``{"prompt": text}``."""
     body = ctx.parse(DetokenizeRequest, await raw_request.body())
     ctx.check_model(body.model)
-    vocab_size = ctx.input_processor.vocab_size
-    if body.tokens and (min(body.tokens) < 0 or max(body.tokens) >= vocab_size):
-        raise bad_request(f"tokens has token ids outside [0, {vocab_size})", param="tokens")
+    try:
+        ctx.input_processor.check_token_ids(body.tokens, "tokens")
+    except PromptError as exc:
+        raise bad_request(str(exc), param="tokens") from None
     return JSONResponse({"prompt": ctx.tokenizer.decode(body.tokens)})

@@ -66,7 +66,5 @@ def test_contiguous_b(octavo_platform, octavo_device, scaled_mm):
 def test_empty_batch(octavo_platform, octavo_device, scaled_mm):
     """No tokens in, an empty ``[0, N]`` result out."""
     operands = make_operands((1, 16, 8), "token x channel", torch.float32, False)
-    empty = type(operands)(
-        operands.a[:0], operands.b, operands.scale_a[:0], operands.scale_b, None
-    )
+    empty = type(operands)(operands.a[:0], operands.b, operands.scale_a[:0], operands.scale_b, None)
     assert run(scaled_mm, octavo_device, empty, torch.float32).shape == (0, 8)
