@@ -12,8 +12,17 @@ import sys
 from setuptools import setup
 
 ISA_FLAGS = {
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"],
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": [
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mavx512bf16",
+        "-mfma",
+        "-DCPU_CAPABILITY=AVX512",  # ATen's vector types (at::vec) for this ISA
+        "-DCPU_CAPABILITY_AVX512",
+    ],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
 SOURCES = ["csrc/paged_attention.cpp"]
 
@@ -47,6 +56,7 @@ def _extensions():
                 "-O3",
                 "-fopenmp",
                 "-ffp-contract=fast",
+                "-fno-math-errno",
                 f"-DOCTAVO_CPU_NAMESPACE=octavo_cpu_{isa}",
                 *flags,
             ],

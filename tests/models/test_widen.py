@@ -75,8 +75,8 @@ def test_only_linear_layers_and_the_head_product_are_widened(tiny_models, octavo
     float32_runner = runner_for(
         path, widening_platform(octavo_platform, (torch.bfloat16,)), "float32"
     )
-    assert all(
-        m.quant_method is None
+    assert all(  # float32 is not widened (the platform may still pack it: see packed.py)
+        not isinstance(m.quant_method, WidenedMatmul)
         for m in float32_runner.model.modules()
         if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
     )

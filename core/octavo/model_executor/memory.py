@@ -17,6 +17,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+def _has_storage(t) -> bool:
+    """A tensor with a storage to count (an opaque one, e.g. a oneDNN packed weight, has none)."""
+    return isinstance(t, torch.Tensor) and not t.is_mkldnn
+
+
 class _LiveStorageCounter(TorchDispatchMode):
     """Counts bytes of storages created inside the mode, live and at their peak."""
 
@@ -35,10 +40,10 @@ class _LiveStorageCounter(TorchDispatchMode):
         inputs = {
             t.untyped_storage().data_ptr()
             for t in tree_flatten((args, kwargs))[0]
-            if isinstance(t, torch.Tensor)
+            if _has_storage(t)
         }
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
+            if not _has_storage(t):
                 continue
             storage = t.untyped_storage()
             key, nbytes = storage.data_ptr(), storage.nbytes()

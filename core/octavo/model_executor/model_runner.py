@@ -26,6 +26,7 @@ from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.runner_output import ModelRunnerOutput
 from octavo.models.layers.attention import Attention
 from octavo.models.layers.linear import TPGroup
+from octavo.models.layers.packed import pack_linears
 from octavo.models.layers.widen import widen_matmuls
 from octavo.platform.facade import Platform
 from octavo.platform.types import AttentionMetadata
@@ -120,6 +121,7 @@ class ModelRunner:
             quantization=runner_config.quantization,
         )
         widen_matmuls(self.model, platform.capabilities.widened_matmul_dtypes)
+        pack_linears(self.model, platform.linear_packer(model_config.dtype))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}

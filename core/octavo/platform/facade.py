@@ -25,6 +25,7 @@ from octavo.platform.types import (
     AttentionSpec,
     BitmaskFn,
     Capabilities,
+    LinearPacker,
     MemoryInfo,
     PlatformInfo,
     RejectionSamplerFn,
@@ -137,6 +138,10 @@ class Platform:
     def scaled_mm(self) -> ScaledMMFn:
         result = self.pm.hook.octavo_scaled_mm(platform=self.info)
         return self._require("octavo_scaled_mm", result, "FP8 scaled matmul")
+
+    def linear_packer(self, dtype: torch.dtype) -> Optional[LinearPacker]:
+        """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""
+        return self.pm.hook.octavo_linear_packer(platform=self.info, dtype=dtype)
 
     def model_architectures(self) -> dict[str, type]:
         """Architecture name -> model class from every plugin; a name offered twice is an error."""

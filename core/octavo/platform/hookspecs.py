@@ -26,6 +26,7 @@ from octavo.platform.types import (
     BitmaskFn,
     Capabilities,
     Communicator,
+    LinearPacker,
     MemoryInfo,
     PlatformInfo,
     RejectionSamplerFn,
@@ -156,6 +157,16 @@ def octavo_scaled_mm(platform: PlatformInfo) -> Optional[ScaledMMFn]:
     """Return the FP8 scaled matmul ``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``.
 
     Stops at the first non-None result. Called once at start-up when FP8 quantisation is on.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_linear_packer(platform: PlatformInfo, dtype: torch.dtype) -> Optional[LinearPacker]:
+    """Return how this platform multiplies the unquantised linear layers of ``dtype``: a
+    ``pack(weight)`` called once per weight at load, returning ``fn(x) -> x @ weight.T`` (for
+    example over a copy of the weight reordered for the platform's GEMM). None: ``F.linear``.
+
+    Stops at the first non-None result. Called once at start-up.
     """
 
 

@@ -1,8 +1,10 @@
 // Paged attention for the cpu platform: the whole mixed batch (prefill chunks and decodes) in
 // one call that reads K/V where they lie, through the block table.
 //
-// KV cache layout (the cpu backend's): [2, num_blocks, num_kv_heads, block_size, head_dim], so
-// one KV head's tokens of one block are a contiguous [block_size, head_dim] tile.
+// KV cache layout (the cpu backend's): [2, num_blocks, num_kv_heads, block_size, head_dim], where
+// one KV head's tokens of one block are a contiguous tile: V's is [block_size][head_dim], K's is
+// stored transposed, [head_dim][block_size], so a query's scores against a block are
+// block_size-wide vector FMAs (and fp32 K/V are read in place).
 //
 // Work is split into items (request, KV head, a tile of query tokens, a range of the context).
 // The query heads that share a KV head are processed together, so each K/V tile is read once for
@@ -12,12 +14,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #ifndef OCTAVO_CPU_NAMESPACE
@@ -53,13 +58,6 @@ inline void load_row(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = as_float(src[i]);
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
@@ -70,19 +68,78 @@ inline void scale_row(float alpha, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
 }
 
-// The per-thread scratch of one work item.
+// The per-thread scratch of one work item: the query rows, their running state, and for
+// 16-bit caches one block of K and V widened to fp32.
 struct Scratch {
   std::vector<float> q, acc, m, l, k, v, s;
   void reserve(int64_t rows, const Shape& shape) {
+    const int64_t width = at::vec::Vectorized<float>::size();
     q.resize(rows * shape.head_dim);
     acc.assign(rows * shape.head_dim, 0.f);
     m.assign(rows, -std::numeric_limits<float>::infinity());
     l.assign(rows, 0.f);
     k.resize(shape.block_size * shape.head_dim);
     v.resize(shape.block_size * shape.head_dim);
-    s.resize(shape.block_size);
+    s.resize((shape.block_size + width - 1) / width * width);
   }
 };
+
+// One query row against one block's tokens [lo, hi) (of its n = block_size): scores from the
+// block's K tile kt[D][n] (so they are n-wide vector FMAs over D), online-softmax update, and
+// the V rows vf[n][D] accumulated.
+inline void attend_block(const float* qr, const float* kt, const float* vf, int64_t D,
+                         int64_t n, int64_t lo, int64_t hi, float* s, float& m, float& l,
+                         float* acc) {
+  using Vec = at::vec::Vectorized<float>;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int64_t W = Vec::size();
+  const int64_t padded = (n + W - 1) / W * W;
+  // Scores, W tokens at a time, accumulated in a register over D (not through memory: a
+  // load-add-store per d would chain on store forwarding).
+  for (int64_t t = 0; t < padded; t += W) {
+    const int64_t width = std::min(W, n - t);
+    Vec scores(0.f);
+    for (int64_t d = 0; d < D; ++d) {
+      const Vec k = width == W ? Vec::loadu(kt + d * n + t) : Vec::loadu(kt + d * n + t, width);
+      scores = at::vec::fmadd(Vec(qr[d]), k, scores);
+    }
+    scores.store(s + t);
+  }
+  float block_max = kNegInf;
+  for (int64_t t = 0; t < padded; ++t) {
+    if (t < lo || t >= hi) s[t] = kNegInf;  // masked, and the padding
+    block_max = std::max(block_max, s[t]);
+  }
+  const float m_new = std::max(m, block_max);
+  const float correction = std::exp(m - m_new);  // 0 while m is -inf
+  if (correction != 1.f) scale_row(correction, acc, D);
+  // p = exp(s - m_new), vectorised (ATen's exp_u20, as torch's own flash attention uses);
+  // masked scores are -inf and give 0.
+  const Vec shift(m_new);
+  Vec sums(0.f);
+  for (int64_t t = 0; t < padded; t += Vec::size()) {
+    const Vec p = (Vec::loadu(s + t) - shift).exp_u20();
+    p.store(s + t);
+    sums = sums + p;
+  }
+  const float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
+  // acc += p @ V, W dimensions at a time, accumulated in a register over the tokens.
+  for (int64_t d = 0; d < D; d += W) {
+    const int64_t width = std::min(W, D - d);
+    Vec a = width == W ? Vec::loadu(acc + d) : Vec::loadu(acc + d, width);
+    for (int64_t t = lo; t < hi; ++t) {
+      const Vec v = width == W ? Vec::loadu(vf + t * D + d) : Vec::loadu(vf + t * D + d, width);
+      a = at::vec::fmadd(Vec(s[t]), v, a);
+    }
+    if (width == W) {
+      a.store(acc + d);
+    } else {
+      a.store(acc + d, width);
+    }
+  }
+  l = l * correction + sum;
+  m = m_new;
+}
 
 template <typename T>
 void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T* k_cache,
@@ -114,44 +171,29 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   int64_t k_lo = item.k_begin, k_hi = std::min(item.k_end, pos_last + 1);
   if (sh.window > 0) k_lo = std::max(k_lo, pos_first - sh.window + 1);
   const int32_t* table = block_table + item.request * sh.max_blocks;
-  const int64_t kv_stride = sh.num_kv_heads * bs * D;  // one block of one of K or V
   for (int64_t b = k_lo / bs; b * bs < k_hi; ++b) {
-    const int64_t block = table[b];
-    const int64_t t0 = std::max(k_lo, b * bs), t1 = std::min(k_hi, (b + 1) * bs);
-    const T* kb = k_cache + block * kv_stride + item.kv_head * bs * D;
-    const T* vb = v_cache + block * kv_stride + item.kv_head * bs * D;
-    float* kf = scratch.k.data();
-    float* vf = scratch.v.data();
-    for (int64_t t = t0; t < t1; ++t) {
-      load_row(kb + (t - b * bs) * D, kf + (t - t0) * D, D);
-      load_row(vb + (t - b * bs) * D, vf + (t - t0) * D, D);
+    const int64_t tile = (table[b] * sh.num_kv_heads + item.kv_head) * bs * D;
+    const float* kt;
+    const float* vf;
+    if constexpr (std::is_same_v<T, float>) {
+      kt = k_cache + tile;  // read in place
+      vf = v_cache + tile;
+    } else {
+      load_row(k_cache + tile, scratch.k.data(), bs * D);
+      load_row(v_cache + tile, scratch.v.data(), bs * D);
+      kt = scratch.k.data();
+      vf = scratch.v.data();
     }
+    const int64_t b0 = b * bs;
     for (int64_t i = 0; i < num_q; ++i) {
       const int64_t pos = pos_first + i;
-      int64_t lo = t0, hi = std::min(t1, pos + 1);
-      if (sh.window > 0) lo = std::max(lo, pos - sh.window + 1);
+      int64_t lo = std::max<int64_t>(0, k_lo - b0), hi = std::min(bs, std::min(k_hi, pos + 1) - b0);
+      if (sh.window > 0) lo = std::max<int64_t>(lo, pos - sh.window + 1 - b0);
       if (lo >= hi) continue;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = i * G + g;
-        const float* qr = q + r * D;
-        float* s = scratch.s.data();
-        float block_max = -std::numeric_limits<float>::infinity();
-        for (int64_t t = lo; t < hi; ++t) {
-          s[t - lo] = dot(qr, kf + (t - t0) * D, D);
-          block_max = std::max(block_max, s[t - lo]);
-        }
-        const float m_new = std::max(m[r], block_max);
-        const float correction = std::exp(m[r] - m_new);  // 0 when m[r] is -inf
-        float* ar = acc + r * D;
-        if (correction != 1.f) scale_row(correction, ar, D);
-        float sum = 0.f;
-        for (int64_t t = lo; t < hi; ++t) {
-          const float p = std::exp(s[t - lo] - m_new);
-          sum += p;
-          axpy(p, vf + (t - t0) * D, ar, D);
-        }
-        l[r] = l[r] * correction + sum;
-        m[r] = m_new;
+        attend_block(q + r * D, kt, vf, D, bs, lo, hi, scratch.s.data(), m[r], l[r],
+                     acc + r * D);
       }
     }
   }
@@ -219,17 +261,18 @@ struct Plan {
 };
 
 Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* seq_lens,
-                int64_t num_reqs) {
+                int64_t num_reqs, int64_t max_query_len) {
   Plan plan;
   int64_t base_items = 0;
   for (int64_t r = 0; r < num_reqs; ++r) {
     const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
+    if (max_query_len > 0 && q_len > max_query_len) continue;
     base_items += sh.num_kv_heads * ((q_len + kQueryTile - 1) / kQueryTile);
   }
   const int64_t target = 2 * at::get_num_threads();
   for (int64_t r = 0; r < num_reqs; ++r) {
     const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
-    if (q_len <= 0) continue;
+    if (q_len <= 0 || (max_query_len > 0 && q_len > max_query_len)) continue;
     const int64_t seq_len = seq_lens[r];
     for (int64_t qb = 0; qb < q_len; qb += kQueryTile) {
       const int64_t qe = std::min(q_len, qb + kQueryTile);
@@ -274,11 +317,11 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
       if (slot < 0) continue;
       const int64_t block = slot / bs, offset = slot % bs;
       for (int64_t h = 0; h < KVH; ++h) {
-        const int64_t dst = ((block * KVH + h) * bs + offset) * D;
+        const int64_t tile = (block * KVH + h) * bs * D;
         const T* k_row = k + t * sh.k_stride + h * D;
         const T* v_row = v + t * sh.v_stride + h * D;
-        std::copy(k_row, k_row + D, k_cache + dst);
-        std::copy(v_row, v_row + D, v_cache + dst);
+        for (int64_t d = 0; d < D; ++d) k_cache[tile + d * bs + offset] = k_row[d];
+        std::copy(v_row, v_row + D, v_cache + tile + offset * D);
       }
     }
   });
@@ -287,12 +330,12 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
 template <typename T>
 void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
             const at::Tensor& block_table, const at::Tensor& query_start_loc,
-            const at::Tensor& seq_lens, const Shape& sh) {
+            const at::Tensor& seq_lens, const Shape& sh, int64_t max_query_len) {
   const int64_t num_reqs = seq_lens.size(0);
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* table = block_table.data_ptr<int32_t>();
-  Plan plan = plan_items(sh, qsl, lens, num_reqs);
+  Plan plan = plan_items(sh, qsl, lens, num_reqs, max_query_len);
   const int64_t num_blocks = kv_cache.size(1);
   const T* k_cache = kv_cache.data_ptr<T>();
   const T* v_cache = k_cache + num_blocks * sh.num_kv_heads * sh.block_size * sh.head_dim;
@@ -318,12 +361,15 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
 }
 
 // out[T, H, D] = attention of query[T, H, D] over each request's context, after writing the
-// step's key/value[T, KVH, D] into kv_cache through slot_mapping (-1 skips a token).
+// step's key/value[T, KVH, D] into kv_cache through slot_mapping (-1 skips a token). Requests
+// with more than max_query_len new tokens (when > 0) are left to the caller: their K/V are
+// written, their rows of out are not.
 at::Tensor paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& key,
                            const at::Tensor& value, at::Tensor kv_cache,
                            const at::Tensor& slot_mapping, const at::Tensor& block_table,
                            const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                           double scale, int64_t sliding_window, int64_t num_tokens) {
+                           double scale, int64_t sliding_window, int64_t num_tokens,
+                           int64_t max_query_len) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               "kv_cache must be [2, num_blocks, num_kv_heads, block_size, head_dim]");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, H, D]");
@@ -360,7 +406,8 @@ at::Tensor paged_attention(at::Tensor out, const at::Tensor& query, const at::Te
                                     write_kv<scalar_t>(key, value, kv_cache, slot_mapping, sh,
                                                        num_tokens);
                                     attend<scalar_t>(out, query, kv_cache, block_table,
-                                                     query_start_loc, seq_lens, sh);
+                                                     query_start_loc, seq_lens, sh,
+                                                     max_query_len);
                                   });
   return out;
 }
@@ -371,6 +418,7 @@ TORCH_LIBRARY(OCTAVO_CPU_NAMESPACE, m) {
   m.def(
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key, Tensor value, Tensor(b!) "
       "kv_cache, Tensor slot_mapping, Tensor block_table, Tensor query_start_loc, "
-      "Tensor seq_lens, float scale, int sliding_window, int num_tokens) -> Tensor(a!)");
+      "Tensor seq_lens, float scale, int sliding_window, int num_tokens, int max_query_len) "
+      "-> Tensor(a!)");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }

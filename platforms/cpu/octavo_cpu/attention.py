@@ -1,17 +1,23 @@
-"""Paged attention on the host CPU: batched decodes, one SDPA call per prefill chunk.
+"""Paged attention on the host CPU: the compiled kernel (csrc/paged_attention.cpp) when it is
+built, else torch ops (batched decodes, one SDPA call per prefill chunk).
 
 The KV cache is head-major inside a block: ``[2, num_blocks, num_kv_heads, block_size,
-head_dim]``, so one KV head's tokens of one block are a contiguous ``[block_size, head_dim]``
-row. Reading a request's context is then one ``index_select`` of those rows (a memcpy each)
-that lands directly in the ``[kv_heads, tokens, head_dim]`` order SDPA reads fastest; the new
-K/V go in with one ``index_copy_`` per tensor.
+head_dim]``, so one KV head's tokens of one block are a contiguous tile. V's tile is
+``[block_size, head_dim]``; K's tile holds the same values transposed, ``[head_dim,
+block_size]``, so the compiled kernel scores a query against a whole block with vector FMAs
+over head_dim (chosen by benchmarks/cpu_kernels.py: a row-major K cost a transposition per
+block per step). The torch path reads tiles with one ``index_select`` each and transposes K's
+back to token rows for SDPA; new K/V go in with one ``index_copy_`` per tensor.
 
-Decode rows (one new token) of all requests are served together: their context is gathered
-into a reused workspace and attended with one ``scaled_dot_product_attention`` call whose
-boolean mask hides each row's padding; the query heads that share a KV head ride along as that
-call's query length. Prefill chunks get one SDPA call each: a fresh prompt attends straight to
-its new K/V with ``is_causal``; a chunk after context reads its blocks with a lower-right
-causal mask. Every SDPA call is 4-D: with 3-D inputs torch falls back to its slow math path.
+With the compiled kernel, one call writes the step's K/V and attends every request of the mixed
+batch in place, but long prefill chunks (more than ``SDPA_MIN_QUERY_LEN`` new tokens), which
+SDPA's blocked GEMMs serve faster. On the torch path, decode rows (one new token) of all
+requests are served together: their context is gathered into a reused workspace and attended
+with one ``scaled_dot_product_attention`` call whose boolean mask hides each row's padding; the
+query heads that share a KV head ride along as that call's query length. Prefill chunks get one
+SDPA call each: a fresh prompt attends straight to its new K/V with ``is_causal``; a chunk after
+context reads its blocks with a lower-right causal mask. Every SDPA call is 4-D: with 3-D
+inputs torch falls back to its slow math path.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ import torch.nn.functional as F
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata
 from octavo_cpu.kernels import CpuKernels, load_kernels
+
+SDPA_MIN_QUERY_LEN = 32
+"""With the compiled kernel, requests with more new tokens than this are attended by SDPA
+(benchmarks/cpu_kernels.py: the kernel is ~3x faster for decodes, SDPA ~1.6x for 512-token
+prefills)."""
 
 WORKSPACE_BYTES = 64 << 20
 """Decode rows are gathered in groups whose K+V stay under this size (bounded memory). Fewer,
@@ -54,22 +65,7 @@ class CpuAttentionBackend(AttentionBackend):
             num_tokens = query.shape[0]
         ops = self.kernels.ops
         if ops is not None and _compiled_path_fits(query, key, value, kv_cache):
-            out = torch.empty_like(query)
-            out[num_tokens:].zero_()
-            return ops.paged_attention(
-                out,
-                query,
-                key,
-                value,
-                kv_cache,
-                metadata.slot_mapping,
-                metadata.block_table,
-                metadata.query_start_loc,
-                metadata.seq_lens,
-                self.spec.scale,
-                self._window,
-                num_tokens,
-            )
+            return self._forward_compiled(ops, query, key, value, kv_cache, metadata, num_tokens)
         slot_mapping = metadata.slot_mapping[:num_tokens]
         write_kv(key[:num_tokens], value[:num_tokens], kv_cache, slot_mapping)
         out = torch.empty_like(query)
@@ -97,6 +93,44 @@ class CpuAttentionBackend(AttentionBackend):
                 metadata.block_table[row],
                 seq_lens[row],
             )
+        return out
+
+    def _forward_compiled(self, ops, query, key, value, kv_cache, metadata, num_tokens):
+        """The compiled kernel writes the K/V and attends every request but those with more than
+        ``SDPA_MIN_QUERY_LEN`` new tokens: long prefill chunks go to SDPA (a blocked GEMM
+        kernel, faster there than the kernel's per-row loops), reading the K/V just written."""
+        out = torch.empty_like(query)
+        out[num_tokens:].zero_()
+        long_chunks = metadata.max_query_len > SDPA_MIN_QUERY_LEN
+        ops.paged_attention(
+            out,
+            query,
+            key,
+            value,
+            kv_cache,
+            metadata.slot_mapping,
+            metadata.block_table,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            self.spec.scale,
+            self._window,
+            num_tokens,
+            SDPA_MIN_QUERY_LEN if long_chunks else 0,
+        )
+        if long_chunks:
+            starts = metadata.query_start_loc.tolist()
+            seq_lens = metadata.seq_lens.tolist()
+            for row in range(metadata.num_reqs):
+                start, end = starts[row], starts[row + 1]
+                if end - start > SDPA_MIN_QUERY_LEN:
+                    out[start:end] = self._prefill(
+                        query[start:end],
+                        key[start:end],
+                        value[start:end],
+                        kv_cache,
+                        metadata.block_table[row],
+                        seq_lens[row],
+                    )
         return out
 
     def _gather_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -158,7 +192,8 @@ class CpuAttentionBackend(AttentionBackend):
         torch.index_select(cache_rows[0], 0, index, out=buffer[0])
         torch.index_select(cache_rows[1], 0, index, out=buffer[1])
         num_slots = num_blocks * spec.block_size
-        k, v = buffer.view(2, q.shape[0], spec.num_kv_heads, num_slots, spec.head_dim)
+        k = k_tiles_as_rows(buffer[0], q.shape[0], spec, num_blocks)
+        v = buffer[1].view(q.shape[0], spec.num_kv_heads, num_slots, spec.head_dim)
         positions = first_block.unsqueeze(1) * spec.block_size + torch.arange(num_slots)
         visible = positions < seq_lens.unsqueeze(1)
         if spec.sliding_window is not None:
@@ -187,7 +222,8 @@ class CpuAttentionBackend(AttentionBackend):
             index = head_rows(ids.unsqueeze(0), spec.num_kv_heads).flatten()
             cache_rows = kv_cache.view(2, -1, spec.block_size * spec.head_dim)
             shape = (1, spec.num_kv_heads, ids.numel() * spec.block_size, spec.head_dim)
-            k = cache_rows[0].index_select(0, index).view(shape)[:, :, : seq_len - start]
+            k_tiles = cache_rows[0].index_select(0, index)
+            k = k_tiles_as_rows(k_tiles, 1, spec, ids.numel())[:, :, : seq_len - start]
             v = cache_rows[1].index_select(0, index).view(shape)[:, :, : seq_len - start]
             q_pos = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
             k_pos = torch.arange(start, seq_len).unsqueeze(0)
@@ -198,6 +234,16 @@ class CpuAttentionBackend(AttentionBackend):
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=spec.scale, enable_gqa=True
         )
         return o.squeeze(0).transpose(0, 1)
+
+
+def k_tiles_as_rows(tiles: torch.Tensor, num_rows: int, spec, num_blocks: int) -> torch.Tensor:
+    """Gathered K tiles (``[rows * kv_heads * num_blocks, head_dim * block_size]``, each a
+    transposed ``[head_dim, block_size]`` tile) as ``[rows, kv_heads, num_blocks * block_size,
+    head_dim]`` token rows, the layout SDPA reads."""
+    k = tiles.view(num_rows, spec.num_kv_heads, num_blocks, spec.head_dim, spec.block_size)
+    return k.transpose(3, 4).reshape(
+        num_rows, spec.num_kv_heads, num_blocks * spec.block_size, spec.head_dim
+    )
 
 
 def head_rows(block_ids: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -217,11 +263,14 @@ def write_kv(key, value, kv_cache, slot_mapping) -> None:
     _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
     block, offset = slot_mapping // block_size, slot_mapping % block_size
     heads = torch.arange(num_kv_heads).unsqueeze(0)
-    rows = (block.unsqueeze(1) * num_kv_heads + heads) * block_size + offset.unsqueeze(1)
-    rows = rows.flatten()
+    tiles = block.unsqueeze(1) * num_kv_heads + heads  # [T, KVH]
+    rows = (tiles * block_size + offset.unsqueeze(1)).flatten()
     flat = kv_cache.view(2, -1, head_dim)
-    flat[0].index_copy_(0, rows, key.reshape(-1, head_dim).to(kv_cache.dtype))
     flat[1].index_copy_(0, rows, value.reshape(-1, head_dim).to(kv_cache.dtype))
+    # K is stored transposed in its tile: element d of a token at tile * D * bs + d * bs + offset
+    dims = torch.arange(head_dim) * block_size
+    k_index = (tiles * (block_size * head_dim) + offset.unsqueeze(1)).unsqueeze(2) + dims
+    kv_cache[0].view(-1).index_copy_(0, k_index.flatten(), key.reshape(-1).to(kv_cache.dtype))
 
 
 def _compiled_path_fits(query, key, value, kv_cache) -> bool:

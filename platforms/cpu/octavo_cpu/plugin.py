@@ -10,6 +10,7 @@ import torch
 from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.attention import CpuAttentionBackend
+from octavo_cpu.gemm import linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
@@ -100,6 +101,12 @@ def octavo_memory_info(platform, device):
 def octavo_attention_backend(platform, spec):
     if _mine(platform):
         return CpuAttentionBackend(spec)
+
+
+@hookimpl
+def octavo_linear_packer(platform, dtype):
+    if _mine(platform):
+        return linear_packer(dtype)
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """
 
     widened_weight: Optional[torch.Tensor] = None
+    packed: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # the platform's GEMM
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Use ``embedding``'s weight as this head's weight."""
@@ -75,7 +76,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[S, hidden]`` -> logits ``[S, vocab]`` in the weight's dtype."""
-        if self.widened_weight is None:
+        if self.packed is not None:
+            logits = self.packed(hidden_states)
+        elif self.widened_weight is None:
             logits = F.linear(hidden_states, self.weight)
         else:
             logits = F.linear(hidden_states.float(), self.widened_weight).to(self.weight.dtype)
