@@ -156,6 +156,11 @@ class EngineArgs:
                 f'e.g. {{"temperature": 0.5}}; got {self.override_generation_config!r}'
             )
         check_quantization(self.quantization)
+        if self.tensor_parallel_size != 1:
+            raise ConfigError(
+                f"tensor_parallel_size {self.tensor_parallel_size}: tensor parallelism is not "
+                "implemented yet; run with --tensor-parallel-size 1 (one device)"
+            )
 
     @property
     def cache_config(self) -> CacheConfig:

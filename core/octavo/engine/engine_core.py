@@ -33,6 +33,11 @@ class EngineCore:
         self.platform = platform if platform is not None else Platform.select(args.device)
         overrides = self.platform.configure(args)
         self.args = dataclasses.replace(args, **overrides) if overrides else args
+        if not self.args.enforce_eager:
+            logger.warning(
+                "--no-enforce-eager asks for a compiled graph, which octavo does not build yet: "
+                "the model runs eagerly"
+            )
         self.model_config = ModelConfig.from_folder(
             self.args.model,
             dtype=self.args.dtype,
