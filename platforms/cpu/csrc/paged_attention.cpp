@@ -68,68 +68,92 @@ inline void scale_row(float alpha, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
 }
 
-// The per-thread scratch of one work item: the query rows, their running state, and for
-// 16-bit caches one block of K and V widened to fp32.
+// Context is attended a group of blocks at a time (about kGroupTokens tokens), so the online
+// softmax's rescaling (an exp and a pass over the accumulator) is paid once per group, not per
+// block: with block size 1 a group is 64 blocks.
+constexpr int64_t kGroupTokens = 64;
+
+inline int64_t blocks_per_group(int64_t block_size) {
+  return std::max<int64_t>(1, kGroupTokens / block_size);
+}
+
+// The per-thread scratch of one work item: the query rows, their running state, the scores of
+// one group, and for 16-bit caches one group of K and V tiles widened to fp32.
 struct Scratch {
   std::vector<float> q, acc, m, l, k, v, s;
   void reserve(int64_t rows, const Shape& shape) {
     const int64_t width = at::vec::Vectorized<float>::size();
+    const int64_t group = blocks_per_group(shape.block_size) * shape.block_size;
     q.resize(rows * shape.head_dim);
     acc.assign(rows * shape.head_dim, 0.f);
     m.assign(rows, -std::numeric_limits<float>::infinity());
     l.assign(rows, 0.f);
-    k.resize(shape.block_size * shape.head_dim);
-    v.resize(shape.block_size * shape.head_dim);
-    s.resize((shape.block_size + width - 1) / width * width);
+    k.resize(group * shape.head_dim);
+    v.resize(group * shape.head_dim);
+    s.resize((group + width - 1) / width * width);
   }
 };
 
-// One query row against one block's tokens [lo, hi) (of its n = block_size): scores from the
-// block's K tile kt[D][n] (so they are n-wide vector FMAs over D), online-softmax update, and
-// the V rows vf[n][D] accumulated.
-inline void attend_block(const float* qr, const float* kt, const float* vf, int64_t D,
-                         int64_t n, int64_t lo, int64_t hi, float* s, float& m, float& l,
-                         float* acc) {
+// One query row against one group of nb blocks (nb * n tokens, n = block_size), of which tokens
+// [lo, hi) (group offsets) are visible: scores from each block's K tile kt[j][D][n] (n-wide
+// vector FMAs over D when n is a multiple of the vector width), one online-softmax update, and
+// the V rows vf[j][n][D] accumulated. Sums stay in registers across the loops over D and over
+// tokens (a load-add-store per element would chain on store forwarding).
+inline void attend_group(const float* qr, const float* const* kt, const float* const* vf,
+                         int64_t nb, int64_t n, int64_t D, int64_t lo, int64_t hi, float* s,
+                         float& m, float& l, float* acc) {
   using Vec = at::vec::Vectorized<float>;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int64_t W = Vec::size();
-  const int64_t padded = (n + W - 1) / W * W;
-  // Scores, W tokens at a time, accumulated in a register over D (not through memory: a
-  // load-add-store per d would chain on store forwarding).
-  for (int64_t t = 0; t < padded; t += W) {
-    const int64_t width = std::min(W, n - t);
-    Vec scores(0.f);
-    for (int64_t d = 0; d < D; ++d) {
-      const Vec k = width == W ? Vec::loadu(kt + d * n + t) : Vec::loadu(kt + d * n + t, width);
-      scores = at::vec::fmadd(Vec(qr[d]), k, scores);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t total = nb * n;
+  const int64_t padded = (total + W - 1) / W * W;
+  for (int64_t j = 0; j < nb; ++j) {
+    if (n % W == 0) {
+      for (int64_t t = 0; t < n; t += W) {
+        Vec scores(0.f);
+        for (int64_t d = 0; d < D; ++d) {
+          scores = at::vec::fmadd(Vec(qr[d]), Vec::loadu(kt[j] + d * n + t), scores);
+        }
+        scores.store(s + j * n + t);
+      }
+    } else {
+      for (int64_t t = 0; t < n; ++t) {
+        float score = 0.f;
+#pragma omp simd reduction(+ : score)
+        for (int64_t d = 0; d < D; ++d) score += qr[d] * kt[j][d * n + t];
+        s[j * n + t] = score;
+      }
     }
-    scores.store(s + t);
   }
-  float block_max = kNegInf;
-  for (int64_t t = 0; t < padded; ++t) {
-    if (t < lo || t >= hi) s[t] = kNegInf;  // masked, and the padding
-    block_max = std::max(block_max, s[t]);
-  }
-  const float m_new = std::max(m, block_max);
+  for (int64_t t = 0; t < lo; ++t) s[t] = kNegInf;
+  for (int64_t t = hi; t < padded; ++t) s[t] = kNegInf;  // the invisible tail and the padding
+  Vec maxima(kNegInf);
+  for (int64_t t = 0; t < padded; t += W) maxima = at::vec::maximum(maxima, Vec::loadu(s + t));
+  const float group_max =
+      at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, maxima);
+  const float m_new = std::max(m, group_max);
   const float correction = std::exp(m - m_new);  // 0 while m is -inf
-  if (correction != 1.f) scale_row(correction, acc, D);
   // p = exp(s - m_new), vectorised (ATen's exp_u20, as torch's own flash attention uses);
   // masked scores are -inf and give 0.
   const Vec shift(m_new);
   Vec sums(0.f);
-  for (int64_t t = 0; t < padded; t += Vec::size()) {
+  for (int64_t t = 0; t < padded; t += W) {
     const Vec p = (Vec::loadu(s + t) - shift).exp_u20();
     p.store(s + t);
     sums = sums + p;
   }
   const float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
-  // acc += p @ V, W dimensions at a time, accumulated in a register over the tokens.
   for (int64_t d = 0; d < D; d += W) {
     const int64_t width = std::min(W, D - d);
     Vec a = width == W ? Vec::loadu(acc + d) : Vec::loadu(acc + d, width);
-    for (int64_t t = lo; t < hi; ++t) {
-      const Vec v = width == W ? Vec::loadu(vf + t * D + d) : Vec::loadu(vf + t * D + d, width);
-      a = at::vec::fmadd(Vec(s[t]), v, a);
+    a = a * Vec(correction);
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t t0 = std::max<int64_t>(lo - j * n, 0), t1 = std::min(hi - j * n, n);
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* row = vf[j] + t * D + d;
+        const Vec v = width == W ? Vec::loadu(row) : Vec::loadu(row, width);
+        a = at::vec::fmadd(Vec(s[j * n + t]), v, a);
+      }
     }
     if (width == W) {
       a.store(acc + d);
@@ -171,28 +195,35 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   int64_t k_lo = item.k_begin, k_hi = std::min(item.k_end, pos_last + 1);
   if (sh.window > 0) k_lo = std::max(k_lo, pos_first - sh.window + 1);
   const int32_t* table = block_table + item.request * sh.max_blocks;
-  for (int64_t b = k_lo / bs; b * bs < k_hi; ++b) {
-    const int64_t tile = (table[b] * sh.num_kv_heads + item.kv_head) * bs * D;
-    const float* kt;
-    const float* vf;
-    if constexpr (std::is_same_v<T, float>) {
-      kt = k_cache + tile;  // read in place
-      vf = v_cache + tile;
-    } else {
-      load_row(k_cache + tile, scratch.k.data(), bs * D);
-      load_row(v_cache + tile, scratch.v.data(), bs * D);
-      kt = scratch.k.data();
-      vf = scratch.v.data();
+  const int64_t group = blocks_per_group(bs);
+  const float* kt[kGroupTokens];
+  const float* vf[kGroupTokens];
+  for (int64_t b = k_lo / bs; b * bs < k_hi; b += group) {
+    const int64_t nb = std::min(group, (k_hi + bs - 1) / bs - b);
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t tile = (table[b + j] * sh.num_kv_heads + item.kv_head) * bs * D;
+      if constexpr (std::is_same_v<T, float>) {
+        kt[j] = k_cache + tile;  // read in place
+        vf[j] = v_cache + tile;
+      } else {
+        float* k = scratch.k.data() + j * bs * D;
+        float* v = scratch.v.data() + j * bs * D;
+        load_row(k_cache + tile, k, bs * D);
+        load_row(v_cache + tile, v, bs * D);
+        kt[j] = k;
+        vf[j] = v;
+      }
     }
     const int64_t b0 = b * bs;
     for (int64_t i = 0; i < num_q; ++i) {
       const int64_t pos = pos_first + i;
-      int64_t lo = std::max<int64_t>(0, k_lo - b0), hi = std::min(bs, std::min(k_hi, pos + 1) - b0);
+      int64_t lo = std::max<int64_t>(0, k_lo - b0);
+      const int64_t hi = std::min(nb * bs, std::min(k_hi, pos + 1) - b0);
       if (sh.window > 0) lo = std::max<int64_t>(lo, pos - sh.window + 1 - b0);
       if (lo >= hi) continue;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = i * G + g;
-        attend_block(q + r * D, kt, vf, D, bs, lo, hi, scratch.s.data(), m[r], l[r],
+        attend_group(q + r * D, kt, vf, nb, bs, D, lo, hi, scratch.s.data(), m[r], l[r],
                      acc + r * D);
       }
     }
