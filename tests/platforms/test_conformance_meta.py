@@ -77,6 +77,23 @@ def octavo_scaled_mm(platform):
 """,
         "test_scaled_mm",
     ),
+    "silu_and_mul": (
+        "test_silu_and_mul",
+        """
+import torch
+from octavo.platform import hookimpl
+
+def sigmoid_and_mul(gate, up):
+    # The gate's sigmoid without the gate itself: right sign, wrong size.
+    return torch.sigmoid(gate) * up
+
+@hookimpl(tryfirst=True)
+def octavo_silu_and_mul(platform):
+    if platform.name == "cpu":
+        return sigmoid_and_mul
+""",
+        "test_silu_and_mul",
+    ),
     "sampler": (
         "test_sampler",
         """

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Iterable, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from octavo.errors import ConfigError
@@ -38,9 +37,10 @@ Device = Union[str, torch.device]
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``; gate and up share one (shardable) weight."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; gate and up share one (shardable) weight, and
+    ``silu(gate) * up`` is the platform's kernel (``Platform.silu_and_mul``)."""
 
-    def __init__(self, config, *, device: Device, tp: TPGroup):
+    def __init__(self, config, platform: Platform, *, device: Device, tp: TPGroup):
         super().__init__()
         if config.hidden_act != "silu":
             raise ConfigError(
@@ -50,10 +50,11 @@ class LlamaMLP(nn.Module):
         kw = dict(dtype=config.dtype, device=device, tp=tp)
         self.gate_up_proj = MergedColumnParallelLinear(size, (inner, inner), config.mlp_bias, **kw)
         self.down_proj = RowParallelLinear(inner, size, config.mlp_bias, **kw)
+        self.silu_and_mul = platform.silu_and_mul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward_parts(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.silu_and_mul(gate, up))
 
 
 class LlamaAttention(nn.Module):
@@ -120,7 +121,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         kw = dict(dtype=config.dtype, device=device)
         self.self_attn = self_attn
-        self.mlp = LlamaMLP(config, device=device, tp=tp)
+        self.mlp = LlamaMLP(config, platform, device=device, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, platform, **kw)
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, config.rms_norm_eps, platform, **kw

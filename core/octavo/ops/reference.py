@@ -104,6 +104,15 @@ def rms_norm(
     return (out, new_residual) if residual is not None else out
 
 
+# --- activation ------------------------------------------------------------------------------
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``, the SwiGLU of the Llama MLP, as HuggingFace computes it (each op in
+    the input dtype)."""
+    return torch.nn.functional.silu(gate) * up
+
+
 # --- sampling --------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from octavo.platform.types import (
     SamplerFn,
     SamplingMetadata,
     ScaledMMFn,
+    SiluAndMulFn,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "SamplerFn",
     "SamplingMetadata",
     "ScaledMMFn",
+    "SiluAndMulFn",
     "LinearPacker",
     "choose_platform",
     "create_plugin_manager",

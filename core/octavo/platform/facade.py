@@ -13,6 +13,7 @@ import pluggy
 import torch
 
 from octavo.errors import KernelNotAvailableError, PlatformError
+from octavo.ops import reference
 from octavo.platform.manager import create_plugin_manager
 from octavo.platform.selection import (
     Selection,
@@ -32,6 +33,7 @@ from octavo.platform.types import (
     RMSNormFn,
     SamplerFn,
     ScaledMMFn,
+    SiluAndMulFn,
 )
 
 
@@ -138,6 +140,12 @@ class Platform:
     def scaled_mm(self) -> ScaledMMFn:
         result = self.pm.hook.octavo_scaled_mm(platform=self.info)
         return self._require("octavo_scaled_mm", result, "FP8 scaled matmul")
+
+    @functools.lru_cache(maxsize=None)
+    def silu_and_mul(self) -> SiluAndMulFn:
+        """The platform's fused ``silu(gate) * up``, or the reference's composition."""
+        result = self.pm.hook.octavo_silu_and_mul(platform=self.info)
+        return result if result is not None else reference.silu_and_mul
 
     def linear_packer(self, dtype: torch.dtype) -> Optional[LinearPacker]:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""

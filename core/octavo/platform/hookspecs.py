@@ -33,6 +33,7 @@ from octavo.platform.types import (
     RMSNormFn,
     SamplerFn,
     ScaledMMFn,
+    SiluAndMulFn,
 )
 
 PROJECT_NAME = "octavo"
@@ -157,6 +158,15 @@ def octavo_scaled_mm(platform: PlatformInfo) -> Optional[ScaledMMFn]:
     """Return the FP8 scaled matmul ``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``.
 
     Stops at the first non-None result. Called once at start-up when FP8 quantisation is on.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_silu_and_mul(platform: PlatformInfo) -> Optional[SiluAndMulFn]:
+    """Return ``fn(gate, up) -> silu(gate) * up`` (the Llama MLP's activation) as one kernel.
+
+    Optional: without it the model composes ``octavo.ops.reference.silu_and_mul``. Stops at the
+    first non-None result. Called once at start-up.
     """
 
 

@@ -177,6 +177,9 @@ ScaledMMFn = Callable[..., torch.Tensor]
 """``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``: ``(a @ b) * scale_a * scale_b (+ bias)``
 with FP8 inputs; scales are per-tensor ``[1]``, per-token ``[M, 1]`` or per-channel ``[1, N]``."""
 
+SiluAndMulFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``fn(gate [T, I], up [T, I]) -> silu(gate) * up [T, I]`` in their dtype."""
+
 LinearPacker = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 """``pack(weight [N, K]) -> fn(x [M, K]) -> x @ weight.T [M, N]``: called once per weight at load
 (the platform may keep a copy in its own layout); ``fn`` must give ``F.linear``'s numbers."""

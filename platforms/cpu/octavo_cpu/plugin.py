@@ -9,6 +9,7 @@ import torch
 
 from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
+from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.gemm import linear_packer
 from octavo_cpu.kernels import load_kernels
@@ -101,6 +102,12 @@ def octavo_memory_info(platform, device):
 def octavo_attention_backend(platform, spec):
     if _mine(platform):
         return CpuAttentionBackend(spec)
+
+
+@hookimpl
+def octavo_silu_and_mul(platform):
+    if _mine(platform):
+        return make_silu_and_mul()
 
 
 @hookimpl

@@ -44,6 +44,12 @@ ATTENTION = {
     torch.bfloat16: Tolerance(atol=3e-2, rtol=3e-2),
 }
 
+SILU_AND_MUL = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=2e-3),  # one rounding of silu's result, then one
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),  # of the product
+}
+
 RMS_NORM = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
     torch.float16: Tolerance(atol=1e-4, rtol=2e-3),
