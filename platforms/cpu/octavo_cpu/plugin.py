@@ -119,7 +119,7 @@ def octavo_linear_packer(platform, dtype):
 @hookimpl
 def octavo_rms_norm(platform, hidden_size, eps, dtype):
     if _mine(platform):
-        return make_rms_norm(hidden_size, eps, dtype)
+        return make_rms_norm(hidden_size, eps, dtype, load_kernels().ops)
 
 
 @hookimpl
