@@ -84,3 +84,40 @@ def test_compiled_and_torch_paths_agree_on_a_mixed_batch(isa, dtype):
     actual = compiled.forward(q, k, v, cache.clone(), metadata)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("window", [None, 700])
+def test_split_kv_decodes_merge_to_the_torch_result(isa, window):
+    """One KV head and two requests cannot keep the threads busy: the kernel splits their long
+    contexts into ranges and merges them (the conformance suite's short contexts never split)."""
+    from octavo.testing.conformance.paged_batches import allocate_block_tables, build_metadata
+
+    if not built(isa) or isa not in kernels.supported_isas(kernels.cpu_flags()):
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+    spec = AttentionSpec(
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+        dtype=torch.float32,
+        block_size=16,
+        scale=32**-0.5,
+        sliding_window=window,
+    )
+    generator = torch.Generator().manual_seed(1)
+    tables, num_blocks = allocate_block_tables([1500, 1100], 16, generator)
+    metadata = build_metadata([(0, 1499, 1), (1, 1095, 5)], tables, 16)
+    q = torch.randn(6, 4, 32, generator=generator)
+    k = torch.randn(6, 1, 32, generator=generator)
+    v = torch.randn(6, 1, 32, generator=generator)
+    compiled = CpuAttentionBackend(spec, kernels._load(isa))
+    torch_path = CpuAttentionBackend(spec, kernels._load("torch"))
+    cache = torch.randn(compiled.kv_cache_shape(num_blocks), generator=generator)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # the split depends on the thread count; two threads split here
+    try:
+        actual = compiled.forward(q, k, v, cache.clone(), metadata)
+    finally:
+        torch.set_num_threads(previous)
+    expected = torch_path.forward(q, k, v, cache.clone(), metadata)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=2e-5)
