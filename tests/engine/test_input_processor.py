@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from octavo import SamplingParams
@@ -90,11 +88,13 @@ def test_params_are_fitted_to_the_vocabulary(inputs):
         inputs.process("r", [1], SamplingParams(stop_token_ids=[50]))
 
 
-def test_options_travel_as_one_record_and_arrival_time_is_set(inputs):
-    before = time.time()
+def test_options_travel_as_one_record_and_arrival_time_is_set(inputs, monkeypatch):
+    import octavo.inputs.processor as processor_module
+
+    monkeypatch.setattr(processor_module.time, "time", lambda: 1234.5)  # a fixed clock
     request = inputs.process("r", [1], SamplingParams(), RequestOptions(priority=3))
     assert request.options.priority == 3 and request.options.cache_salt is None
-    assert before <= request.options.arrival_time <= time.time()
+    assert request.options.arrival_time == 1234.5  # stamped when processed
     given = inputs.process("r", [1], SamplingParams(), RequestOptions(arrival_time=12.5))
     assert given.options.arrival_time == 12.5
 

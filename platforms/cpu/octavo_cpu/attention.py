@@ -53,6 +53,7 @@ class CpuAttentionBackend(AttentionBackend):
         self.kernels = load_kernels() if kernels is None else kernels
         window = spec.sliding_window
         self._window = -1 if window is None else int(window)
+        self._long_chunk_rows: tuple = (None, [])  # (the step's metadata, its long chunks)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         s = self.spec
@@ -118,20 +119,33 @@ class CpuAttentionBackend(AttentionBackend):
             SDPA_MIN_QUERY_LEN if long_chunks else 0,
         )
         if long_chunks:
-            starts = metadata.query_start_loc.tolist()
-            seq_lens = metadata.seq_lens.tolist()
-            for row in range(metadata.num_reqs):
-                start, end = starts[row], starts[row + 1]
-                if end - start > SDPA_MIN_QUERY_LEN:
-                    out[start:end] = self._prefill(
-                        query[start:end],
-                        key[start:end],
-                        value[start:end],
-                        kv_cache,
-                        metadata.block_table[row],
-                        seq_lens[row],
-                    )
+            for row, start, end, seq_len in self._long_chunks(metadata):
+                out[start:end] = self._prefill(
+                    query[start:end],
+                    key[start:end],
+                    value[start:end],
+                    kv_cache,
+                    metadata.block_table[row],
+                    seq_len,
+                )
         return out
+
+    def _long_chunks(self, metadata: AttentionMetadata) -> list[tuple[int, int, int, int]]:
+        """``(row, start, end, seq_len)`` of the requests with more than ``SDPA_MIN_QUERY_LEN``
+        new tokens, derived once per step (every layer of the model shares this backend and the
+        step's metadata object)."""
+        cached_for, rows = self._long_chunk_rows
+        if cached_for is metadata:
+            return rows
+        starts = metadata.query_start_loc.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        rows = [
+            (row, starts[row], starts[row + 1], seq_lens[row])
+            for row in range(metadata.num_reqs)
+            if starts[row + 1] - starts[row] > SDPA_MIN_QUERY_LEN
+        ]
+        self._long_chunk_rows = (metadata, rows)
+        return rows
 
     def _gather_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         if self._workspace.numel() < numel or self._workspace.dtype != dtype:
