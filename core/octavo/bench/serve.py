@@ -1,9 +1,10 @@
 """``octavo bench serve``: streaming ``/v1/completions`` load against any OpenAI-compatible server.
 
-Prompts are token ids, so the same workload measures octavo and vLLM alike. For each concurrency of
-the sweep, requests are sent (optionally with Poisson arrivals at ``--request-rate``) until
-``--num-prompts`` are done or ``--duration`` seconds have passed; TTFT, ITL, TPOT and end-to-end
-latency percentiles and request/token throughput are reported per concurrency.
+Prompts are token ids, so the same workload measures octavo, vLLM and llama.cpp alike. For each
+concurrency of the sweep, requests are sent (optionally with Poisson arrivals at
+``--request-rate``) until ``--num-prompts`` are done or ``--duration`` seconds have passed; TTFT,
+ITL, TPOT and end-to-end latency percentiles and request/token throughput are reported per
+concurrency.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--no-keep-alive",
+        action="store_true",
+        help="a new connection for every request (sent with Connection: close), for servers "
+        "that close a connection after a streamed response although they offer keep-alive "
+        "(llama.cpp's llama-server): a reused connection then fails",
+    )
     parser.add_argument("--output-json", type=Path, default=None)
     parser.add_argument(
         "--plot", type=Path, default=None, help="write PLOT_throughput.png and PLOT_ttft.png"
@@ -263,13 +271,16 @@ async def _model_name(client) -> str:
 async def run_sweep(
     args: argparse.Namespace, requests: Sequence[BenchRequest]
 ) -> list[dict[str, Any]]:
-    """Every concurrency of the sweep, one after another, on one HTTP client."""
+    """Every concurrency of the sweep, one after another, on one HTTP client (its connections
+    reused unless ``--no-keep-alive``)."""
     httpx = import_httpx()
     levels = _parse_sweep(args.max_concurrency)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(
-        max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4
-    )
+    pooled = max(levels) + 4
+    if args.no_keep_alive:
+        headers["Connection"] = "close"
+        pooled = 0
+    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=pooled)
     async with httpx.AsyncClient(
         base_url=args.base_url,
         headers=headers,
