@@ -90,18 +90,22 @@ struct Scratch {
     l.assign(rows, 0.f);
     k.resize(group * shape.head_dim);
     v.resize(group * shape.head_dim);
-    s.resize((group + width - 1) / width * width);
+    s.resize(4 * ((group + width - 1) / width * width));  // up to four rows at once
   }
 };
 
-// One query row against one group of nb blocks (nb * n tokens, n = block_size), of which tokens
-// [lo, hi) (group offsets) are visible: scores from each block's K tile kt[j][D][n] (n-wide
-// vector FMAs over D when n is a multiple of the vector width), one online-softmax update, and
-// the V rows vf[j][n][D] accumulated. Sums stay in registers across the loops over D and over
-// tokens (a load-add-store per element would chain on store forwarding).
-inline void attend_group(const float* qr, const float* const* kt, const float* const* vf,
+// R query rows (the query heads of one KV head at one position: they see the same tokens)
+// against one group of nb blocks (nb * n tokens, n = block_size), of which tokens [lo, hi)
+// (group offsets) are visible: scores from each block's K tile kt[j][D][n], one online-softmax
+// update per row, and the V rows vf[j][n][D] accumulated. Each K and V vector is loaded once for
+// all R rows, and every sum has at least two independent chains (R rows, or two halves of the
+// loop), so the FMAs overlap instead of waiting on each other's latency; sums stay in registers
+// across the loops over D and over tokens. q, acc: R rows of D; m, l: R values; s: R rows of
+// the group's padded width.
+template <int R>
+inline void attend_group(const float* q, const float* const* kt, const float* const* vf,
                          int64_t nb, int64_t n, int64_t D, int64_t lo, int64_t hi, float* s,
-                         float& m, float& l, float* acc) {
+                         float* m, float* l, float* acc) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t W = Vec::size();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -110,59 +114,121 @@ inline void attend_group(const float* qr, const float* const* kt, const float* c
   for (int64_t j = 0; j < nb; ++j) {
     if (n % W == 0) {
       for (int64_t t = 0; t < n; t += W) {
-        Vec scores(0.f);
-        for (int64_t d = 0; d < D; ++d) {
-          scores = at::vec::fmadd(Vec(qr[d]), Vec::loadu(kt[j] + d * n + t), scores);
+        Vec even[R], odd[R];
+        for (int g = 0; g < R; ++g) even[g] = odd[g] = Vec(0.f);
+        const float* k = kt[j] + t;
+        int64_t d = 0;
+        for (; d + 1 < D; d += 2) {
+          const Vec k0 = Vec::loadu(k + d * n), k1 = Vec::loadu(k + (d + 1) * n);
+          for (int g = 0; g < R; ++g) {
+            even[g] = at::vec::fmadd(Vec(q[g * D + d]), k0, even[g]);
+            odd[g] = at::vec::fmadd(Vec(q[g * D + d + 1]), k1, odd[g]);
+          }
         }
-        scores.store(s + j * n + t);
+        if (d < D) {
+          const Vec k0 = Vec::loadu(k + d * n);
+          for (int g = 0; g < R; ++g) even[g] = at::vec::fmadd(Vec(q[g * D + d]), k0, even[g]);
+        }
+        for (int g = 0; g < R; ++g) (even[g] + odd[g]).store(s + g * padded + j * n + t);
       }
     } else {
-      for (int64_t t = 0; t < n; ++t) {
-        float score = 0.f;
+      for (int g = 0; g < R; ++g) {
+        for (int64_t t = 0; t < n; ++t) {
+          float score = 0.f;
 #pragma omp simd reduction(+ : score)
-        for (int64_t d = 0; d < D; ++d) score += qr[d] * kt[j][d * n + t];
-        s[j * n + t] = score;
+          for (int64_t d = 0; d < D; ++d) score += q[g * D + d] * kt[j][d * n + t];
+          s[g * padded + j * n + t] = score;
+        }
       }
     }
   }
-  for (int64_t t = 0; t < lo; ++t) s[t] = kNegInf;
-  for (int64_t t = hi; t < padded; ++t) s[t] = kNegInf;  // the invisible tail and the padding
-  Vec maxima(kNegInf);
-  for (int64_t t = 0; t < padded; t += W) maxima = at::vec::maximum(maxima, Vec::loadu(s + t));
-  const float group_max =
-      at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, maxima);
-  const float m_new = std::max(m, group_max);
-  const float correction = std::exp(m - m_new);  // 0 while m is -inf
-  // p = exp(s - m_new), vectorised (ATen's exp_u20, as torch's own flash attention uses);
-  // masked scores are -inf and give 0.
-  const Vec shift(m_new);
-  Vec sums(0.f);
-  for (int64_t t = 0; t < padded; t += W) {
-    const Vec p = (Vec::loadu(s + t) - shift).exp_u20();
-    p.store(s + t);
-    sums = sums + p;
+  float correction[R];
+  for (int g = 0; g < R; ++g) {
+    float* sg = s + g * padded;
+    for (int64_t t = 0; t < lo; ++t) sg[t] = kNegInf;
+    for (int64_t t = hi; t < padded; ++t) sg[t] = kNegInf;  // the invisible tail and padding
+    Vec maxima(kNegInf);
+    for (int64_t t = 0; t < padded; t += W) maxima = at::vec::maximum(maxima, Vec::loadu(sg + t));
+    const float group_max = at::vec::vec_reduce_all<float>(
+        [](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, maxima);
+    const float m_new = std::max(m[g], group_max);
+    correction[g] = std::exp(m[g] - m_new);  // 0 while m is -inf
+    // p = exp(s - m_new), vectorised (ATen's exp_u20, as torch's own flash attention uses);
+    // masked scores are -inf and give 0.
+    const Vec shift(m_new);
+    Vec sums(0.f);
+    for (int64_t t = 0; t < padded; t += W) {
+      const Vec p = (Vec::loadu(sg + t) - shift).exp_u20();
+      p.store(sg + t);
+      sums = sums + p;
+    }
+    l[g] = l[g] * correction[g] +
+           at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
+    m[g] = m_new;
   }
-  const float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
   for (int64_t d = 0; d < D; d += W) {
     const int64_t width = std::min(W, D - d);
-    Vec a = width == W ? Vec::loadu(acc + d) : Vec::loadu(acc + d, width);
-    a = a * Vec(correction);
+    Vec even[R], odd[R];
+    for (int g = 0; g < R; ++g) {
+      const Vec a = width == W ? Vec::loadu(acc + g * D + d) : Vec::loadu(acc + g * D + d, width);
+      even[g] = a * Vec(correction[g]);
+      odd[g] = Vec(0.f);
+    }
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t t0 = std::max<int64_t>(lo - j * n, 0), t1 = std::min(hi - j * n, n);
-      for (int64_t t = t0; t < t1; ++t) {
+      const float* p = s + j * n;
+      int64_t t = t0;
+      for (; t + 1 < t1; t += 2) {
         const float* row = vf[j] + t * D + d;
-        const Vec v = width == W ? Vec::loadu(row) : Vec::loadu(row, width);
-        a = at::vec::fmadd(Vec(s[j * n + t]), v, a);
+        const Vec v0 = width == W ? Vec::loadu(row) : Vec::loadu(row, width);
+        const Vec v1 = width == W ? Vec::loadu(row + D) : Vec::loadu(row + D, width);
+        for (int g = 0; g < R; ++g) {
+          even[g] = at::vec::fmadd(Vec(p[g * padded + t]), v0, even[g]);
+          odd[g] = at::vec::fmadd(Vec(p[g * padded + t + 1]), v1, odd[g]);
+        }
+      }
+      if (t < t1) {
+        const float* row = vf[j] + t * D + d;
+        const Vec v0 = width == W ? Vec::loadu(row) : Vec::loadu(row, width);
+        for (int g = 0; g < R; ++g) even[g] = at::vec::fmadd(Vec(p[g * padded + t]), v0, even[g]);
       }
     }
-    if (width == W) {
-      a.store(acc + d);
-    } else {
-      a.store(acc + d, width);
+    for (int g = 0; g < R; ++g) {
+      const Vec a = even[g] + odd[g];
+      if (width == W) {
+        a.store(acc + g * D + d);
+      } else {
+        a.store(acc + g * D + d, width);
+      }
     }
   }
-  l = l * correction + sum;
-  m = m_new;
+}
+
+// The G query rows of one position in chunks of at most four (one instantiation each).
+inline void attend_rows(int64_t G, const float* q, const float* const* kt, const float* const* vf,
+                        int64_t nb, int64_t n, int64_t D, int64_t lo, int64_t hi, float* s,
+                        float* m, float* l, float* acc) {
+  for (int64_t g = 0; g < G;) {
+    const int64_t rows = std::min<int64_t>(4, G - g);
+    const float* qg = q + g * D;
+    float* ag = acc + g * D;
+    switch (rows) {
+      case 4: attend_group<4>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
+      case 3: attend_group<3>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
+      case 2: attend_group<2>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
+      default: attend_group<1>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
+    }
+    g += rows;
+  }
+}
+
+// Ask for every cache line of n elements at p (a hint: no fault, no wait).
+template <typename T>
+inline void prefetch_tile(const T* p, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) {
+    __builtin_prefetch(bytes + off, 0, 3);
+  }
 }
 
 template <typename T>
@@ -214,6 +280,15 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
         vf[j] = v;
       }
     }
+    // The next group's tiles lie elsewhere in memory (each block where the allocator put it),
+    // beyond the hardware prefetcher's reach: ask for them now, so they arrive while this group
+    // is computed (decode attention streams the whole context from DRAM once per layer).
+    const int64_t last_block = (k_hi + bs - 1) / bs;
+    for (int64_t j = b + nb; j < std::min(b + nb + group, last_block); ++j) {
+      const int64_t tile = (table[j] * sh.num_kv_heads + item.kv_head) * bs * D;
+      prefetch_tile(k_cache + tile, bs * D);
+      prefetch_tile(v_cache + tile, bs * D);
+    }
     const int64_t b0 = b * bs;
     for (int64_t i = 0; i < num_q; ++i) {
       const int64_t pos = pos_first + i;
@@ -221,11 +296,9 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
       const int64_t hi = std::min(nb * bs, std::min(k_hi, pos + 1) - b0);
       if (sh.window > 0) lo = std::max<int64_t>(lo, pos - sh.window + 1 - b0);
       if (lo >= hi) continue;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t r = i * G + g;
-        attend_group(q + r * D, kt, vf, nb, bs, D, lo, hi, scratch.s.data(), m[r], l[r],
-                     acc + r * D);
-      }
+      const int64_t r = i * G;
+      attend_rows(G, q + r * D, kt, vf, nb, bs, D, lo, hi, scratch.s.data(), m + r, l + r,
+                  acc + r * D);
     }
   }
   if (item.partial < 0) {
