@@ -151,7 +151,7 @@ def test_an_unattributable_step_failure_still_raises(tiny_model, prompts, monkey
     def broken_forward(*args, **kwargs):
         raise InjectedFault("the device fell over")
 
-    monkeypatch.setattr(runner, "model", broken_forward)
+    monkeypatch.setattr(runner, "forward", broken_forward)
     with pytest.raises(InjectedFault):
         llm.generate([{"prompt_token_ids": prompts[0]}], GREEDY, use_tqdm=False)
 

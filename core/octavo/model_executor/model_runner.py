@@ -122,6 +122,7 @@ class ModelRunner:
         )
         widen_matmuls(self.model, platform.capabilities.widened_matmul_dtypes)
         pack_linears(self.model, platform.linear_packer(model_config.dtype))
+        self.forward = platform.graph_runner(self.model, runner_config)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
@@ -217,7 +218,7 @@ class ModelRunner:
             if scheduler_output.total_num_scheduled_tokens == 0:
                 return ModelRunnerOutput.empty()
             step = self._prepare_inputs(scheduler_output)
-            hidden_states = self.model(step.input_ids, step.positions, step.attn_metadata)
+            hidden_states = self.forward(step.input_ids, step.positions, step.attn_metadata)
             return self._sample(hidden_states, step)
         except RequestError:
             self._forget_requests()

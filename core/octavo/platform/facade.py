@@ -151,6 +151,11 @@ class Platform:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""
         return self.pm.hook.octavo_linear_packer(platform=self.info, dtype=dtype)
 
+    def graph_runner(self, model: torch.nn.Module, config: Any) -> Any:
+        """The forward the runner calls for ``model``: the platform's own, or the model."""
+        result = self.pm.hook.octavo_graph_runner(platform=self.info, model=model, config=config)
+        return result if result is not None else model
+
     def model_architectures(self) -> dict[str, type]:
         """Architecture name -> model class from every plugin; a name offered twice is an error."""
         merged: dict[str, type] = {}

@@ -190,9 +190,12 @@ def octavo_communicator(platform: PlatformInfo, group: Any) -> Optional[Communic
 
 @hookspec(firstresult=True)
 def octavo_graph_runner(platform: PlatformInfo, model: Any, config: Any) -> Optional[Any]:
-    """Return a compiled or captured forward for ``model``, or None to run eagerly.
+    """Return the forward the model runner calls for ``model``: compiled, captured, or the model
+    under the platform's per-step settings (the cpu platform's thread count). It is called as
+    ``forward(input_ids, positions, attn_metadata)`` and returns the hidden states, as the model
+    does; the runner then calls ``model.compute_logits`` itself. None runs the model as it is.
 
-    Stops at the first non-None result. Called once after the model is loaded.
+    Stops at the first non-None result. Called once after the model is loaded and packed.
     """
 
 

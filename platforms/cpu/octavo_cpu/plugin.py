@@ -1,6 +1,7 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``sampler``, ``token_bitmask`` and ``rejection_sampler``, and FP8
-``scaled_mm`` (the reference's). This module only wires them."""
+``scaled_mm`` (the reference's), and the forward that runs each step on the threads its size pays
+for (``graph_runner``). This module only wires them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.sampler import sample
+from octavo_cpu.threads import StepThreads, ThreadedForward
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
 
 NAME = "cpu"
@@ -34,7 +36,7 @@ def octavo_platform_detect() -> PlatformInfo:
         priority=0,
         reason=(
             f"always available: torch {torch.__version__} on {psutil.cpu_count()} CPU cores; "
-            f"kernels: {describe_kernels()}"
+            f"kernels: {describe_kernels()}; threads: {describe_threads()}"
         ),
     )
 
@@ -47,6 +49,13 @@ def describe_kernels() -> str:
     except ValueError as exc:
         return f"not usable: {exc}"
     return f"{chosen.path}, {chosen.reason}"
+
+
+def describe_threads() -> str:
+    try:
+        return StepThreads.from_env().describe()
+    except ValueError as exc:
+        return f"not usable: {exc}"
 
 
 @hookimpl
@@ -144,3 +153,9 @@ def octavo_scaled_mm(platform):
 def octavo_rejection_sampler(platform):
     if _mine(platform):
         return rejection_sample
+
+
+@hookimpl
+def octavo_graph_runner(platform, model, config):
+    if _mine(platform):
+        return ThreadedForward(model, StepThreads.from_env())
