@@ -24,7 +24,12 @@ ISA_FLAGS = {
     ],
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
-SOURCES = ["csrc/paged_attention.cpp", "csrc/activation.cpp", "csrc/rms_norm.cpp"]
+SOURCES = [
+    "csrc/paged_attention.cpp",
+    "csrc/activation.cpp",
+    "csrc/rms_norm.cpp",
+    "csrc/rotary.cpp",
+]
 
 
 def _extensions():

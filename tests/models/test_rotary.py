@@ -11,10 +11,10 @@ from octavo.errors import ConfigError
 from octavo.models.layers.rotary import (
     RopeConfig,
     RotaryEmbedding,
-    apply_rotary,
     inverse_frequencies,
     parse_rope_config,
 )
+from octavo.ops import reference
 
 HEAD_DIM = 32
 SCALINGS = {
@@ -64,7 +64,7 @@ def test_rotation_equals_transformers_bit_for_bit(kind, dtype):
     positions = torch.randint(0, 2048, (13,), generator=generator)
     q = torch.randn(13, 4 * HEAD_DIM, generator=generator).to(dtype)
     k = torch.randn(13, 2 * HEAD_DIM, generator=generator).to(dtype)
-    q_rot, k_rot = apply_rotary(ours.cos_sin(positions, dtype), q, k, HEAD_DIM)
+    q_rot, k_rot = reference.rotary_embedding(ours.cos_sin(positions, dtype), q, k, HEAD_DIM)
     cos, sin = hf(q, positions[None])  # [1, T, D]
     hf_q, hf_k = apply_rotary_pos_emb(
         q.view(1, 13, 4, HEAD_DIM).transpose(1, 2),

@@ -94,6 +94,28 @@ def octavo_silu_and_mul(platform):
 """,
         "test_silu_and_mul",
     ),
+    "rotary_embedding": (
+        "test_rotary_embedding",
+        """
+import torch
+from octavo.platform import hookimpl
+
+def rotate_pairs(cos_sin, query, key, head_dim):
+    # GPT-J's interleaved pairs (x0, x1), (x2, x3)... instead of Llama's two halves.
+    cos, sin = cos_sin
+    def rotate(x):
+        x = x.view(x.shape[0], -1, head_dim)
+        pairs = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        return x * cos + pairs * sin
+    return rotate(query), rotate(key)
+
+@hookimpl(tryfirst=True)
+def octavo_rotary_embedding(platform):
+    if platform.name == "cpu":
+        return rotate_pairs
+""",
+        "test_rotary_embedding",
+    ),
     "sampler": (
         "test_sampler",
         """

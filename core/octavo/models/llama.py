@@ -28,7 +28,7 @@ from octavo.models.layers.linear import (
     TPGroup,
 )
 from octavo.models.layers.norm import RMSNorm
-from octavo.models.layers.rotary import RotaryEmbedding, apply_rotary
+from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.weights import expected_checkpoint_names, load_checkpoint_tensors
 from octavo.platform.facade import Platform
 from octavo.platform.types import AttentionMetadata
@@ -74,6 +74,7 @@ class LlamaAttention(nn.Module):
     ):
         super().__init__()
         self.head_dim = config.head_dim
+        self.rotary_embedding = platform.rotary_embedding()
         num_heads = tp.split(config.num_attention_heads, "num_attention_heads")
         num_kv_heads = tp.split(config.num_key_value_heads, "num_key_value_heads")
         kw = dict(dtype=config.dtype, device=device, tp=tp)
@@ -107,7 +108,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split_qkv(self.qkv_proj(hidden))
         q, k = self.normalize_qk(q, k)
-        q, k = apply_rotary(cos_sin, q, k, self.head_dim)
+        q, k = self.rotary_embedding(cos_sin, q, k, self.head_dim)
         out = self.attn(q, k, v, attn_metadata)
         return self.o_proj(out.reshape(hidden.shape[0], -1))
 

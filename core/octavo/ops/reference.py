@@ -104,6 +104,27 @@ def rms_norm(
     return (out, new_residual) if residual is not None else out
 
 
+# --- rotary embedding ------------------------------------------------------------------------
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_embedding(cos_sin, query: torch.Tensor, key: torch.Tensor, head_dim: int):
+    """Rotate flat ``query [T, heads*head_dim]`` and ``key [T, kv_heads*head_dim]`` by the step's
+    ``(cos, sin)`` (``[T, 1, head_dim]`` each, in the activations' dtype): ``x * cos +
+    rotate_half(x) * sin`` in that dtype, as transformers computes it (so bfloat16 results
+    agree with it bit for bit). Returns both as ``[T, heads, head_dim]``; the inputs are left as
+    they were."""
+    cos, sin = cos_sin
+    tokens = query.shape[0]
+    q = query.view(tokens, query.shape[1] // head_dim, head_dim)
+    k = key.view(tokens, key.shape[1] // head_dim, head_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
 # --- activation ------------------------------------------------------------------------------
 
 

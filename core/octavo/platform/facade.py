@@ -31,6 +31,7 @@ from octavo.platform.types import (
     PlatformInfo,
     RejectionSamplerFn,
     RMSNormFn,
+    RotaryFn,
     SamplerFn,
     ScaledMMFn,
     SiluAndMulFn,
@@ -146,6 +147,12 @@ class Platform:
         """The platform's fused ``silu(gate) * up``, or the reference's composition."""
         result = self.pm.hook.octavo_silu_and_mul(platform=self.info)
         return result if result is not None else reference.silu_and_mul
+
+    @functools.lru_cache(maxsize=None)
+    def rotary_embedding(self) -> RotaryFn:
+        """The platform's rotary embedding of query and key, or the reference's composition."""
+        result = self.pm.hook.octavo_rotary_embedding(platform=self.info)
+        return result if result is not None else reference.rotary_embedding
 
     def linear_packer(self, dtype: torch.dtype) -> Optional[LinearPacker]:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""

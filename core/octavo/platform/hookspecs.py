@@ -31,6 +31,7 @@ from octavo.platform.types import (
     PlatformInfo,
     RejectionSamplerFn,
     RMSNormFn,
+    RotaryFn,
     SamplerFn,
     ScaledMMFn,
     SiluAndMulFn,
@@ -167,6 +168,16 @@ def octavo_silu_and_mul(platform: PlatformInfo) -> Optional[SiluAndMulFn]:
 
     Optional: without it the model composes ``octavo.ops.reference.silu_and_mul``. Stops at the
     first non-None result. Called once at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_rotary_embedding(platform: PlatformInfo) -> Optional[RotaryFn]:
+    """Return ``fn((cos, sin), query, key, head_dim) -> (query, key)``: the rotary embedding of
+    the step's query and key as one kernel (it may rotate them in place).
+
+    Optional: without it the model composes ``octavo.ops.reference.rotary_embedding``. Stops at
+    the first non-None result. Called once at start-up.
     """
 
 

@@ -177,6 +177,11 @@ ScaledMMFn = Callable[..., torch.Tensor]
 """``fn(a, b, scale_a, scale_b, out_dtype, bias=None)``: ``(a @ b) * scale_a * scale_b (+ bias)``
 with FP8 inputs; scales are per-tensor ``[1]``, per-token ``[M, 1]`` or per-channel ``[1, N]``."""
 
+RotaryFn = Callable[[Any, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+"""``fn((cos, sin), query [T, H*D], key [T, KVH*D], head_dim) -> (query [T, H, D], key [T, KVH,
+D])``: the step's rotary embedding (``octavo.ops.reference.rotary_embedding``). A kernel may
+rotate ``query`` and ``key`` in place: the model passes views of its own qkv projection."""
+
 SiluAndMulFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``fn(gate [T, I], up [T, I]) -> silu(gate) * up [T, I]`` in their dtype."""
 

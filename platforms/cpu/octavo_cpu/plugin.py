@@ -1,7 +1,8 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
-``attention``, ``rms_norm``, ``sampler``, ``token_bitmask`` and ``rejection_sampler``, and FP8
-``scaled_mm`` (the reference's), and the forward that runs each step on the threads its size pays
-for (``graph_runner``). This module only wires them."""
+``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
+``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), and the
+forward that runs each step on the threads its size pays for (``graph_runner``). This module
+only wires them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from octavo_cpu.gemm import linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
+from octavo_cpu.rotary import make_rotary_embedding
 from octavo_cpu.sampler import sample
 from octavo_cpu.threads import StepThreads, ThreadedForward
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
@@ -111,6 +113,12 @@ def octavo_memory_info(platform, device):
 def octavo_attention_backend(platform, spec):
     if _mine(platform):
         return CpuAttentionBackend(spec)
+
+
+@hookimpl
+def octavo_rotary_embedding(platform):
+    if _mine(platform):
+        return make_rotary_embedding()
 
 
 @hookimpl

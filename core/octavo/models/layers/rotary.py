@@ -94,15 +94,11 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """Cos/sin tables for every position below ``max_position``.
 
-    The tables are float32, cast to the activations' dtype per step; :func:`apply_rotary` then
+    The tables are float32, cast to the activations' dtype per step; the platform's
+    ``rotary_embedding`` (``octavo.ops.reference.rotary_embedding`` or its own kernel) then
     computes ``x * cos + rotate_half(x) * sin`` in that dtype: the same arithmetic as
     transformers, so bfloat16 results agree with it bit for bit.
     """
@@ -124,13 +120,3 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
         sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
         return cos, sin
-
-
-def apply_rotary(cos_sin, query: torch.Tensor, key: torch.Tensor, head_dim: int):
-    """Rotate flat ``query [T, heads*head_dim]`` and ``key [T, kv_heads*head_dim]`` by the
-    step's ``(cos, sin)``; returns both as ``[T, heads, head_dim]``."""
-    cos, sin = cos_sin
-    tokens = query.shape[0]
-    q = query.view(tokens, -1, head_dim)
-    k = key.view(tokens, -1, head_dim)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

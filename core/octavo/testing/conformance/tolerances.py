@@ -44,6 +44,10 @@ ATTENTION = {
     torch.bfloat16: Tolerance(atol=3e-2, rtol=3e-2),
 }
 
+ROTARY = {  # the reference's arithmetic (products and sum rounded to the dtype): exact
+    dtype: Tolerance(atol=0.0, rtol=0.0) for dtype in (torch.float32, torch.float16, torch.bfloat16)
+}
+
 SILU_AND_MUL = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
     torch.float16: Tolerance(atol=1e-3, rtol=2e-3),  # one rounding of silu's result, then one
