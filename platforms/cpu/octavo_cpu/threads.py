@@ -6,9 +6,11 @@ and waits for it whenever anything else holds that core: the server's event loop
 detokenises and streams every token, or a benchmark client. A small step does too little work
 for its second thread to earn that back, so steps of fewer than ``serial_tokens`` tokens run on
 one thread and leave the other core to the rest of the process; larger steps (prefill, large
-decode batches) run on all of them. Serving the tiny model on 2 cores at concurrency 1, one
-thread for small steps made 145-158 output tok/s against 112-125 on two (BENCHMARKS.md); at
-concurrency 32 the two were alike.
+decode batches) run on all of them. Serving the tiny model on 2 cores (BENCHMARKS.md): at
+concurrency 1 one thread made 145-158 output tok/s against 112-125 on two, at concurrency 4 one
+thread was faster too, at 8 two threads were (771 against 640 tok/s), at 32 the two were alike.
+The server's engine runs in a thread of its own, where a oneDNN GEMM on two threads costs ~3x
+its time on the main thread: that is much of the small steps' loss.
 ``OCTAVO_CPU_SERIAL_TOKENS`` sets the cut (0: always every thread).
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 SERIAL_TOKENS_ENV = "OCTAVO_CPU_SERIAL_TOKENS"
-DEFAULT_SERIAL_TOKENS = 16
+DEFAULT_SERIAL_TOKENS = 8
 
 
 @dataclasses.dataclass(frozen=True)
