@@ -9,8 +9,9 @@ one thread and leave the other core to the rest of the process; larger steps (pr
 decode batches) run on all of them. Serving the tiny model on 2 cores (BENCHMARKS.md): at
 concurrency 1 one thread made 145-158 output tok/s against 112-125 on two, at concurrency 4 one
 thread was faster too, at 8 two threads were (771 against 640 tok/s), at 32 the two were alike.
-The server's engine runs in a thread of its own, where a oneDNN GEMM on two threads costs ~3x
-its time on the main thread: that is much of the small steps' loss.
+A small oneDNN GEMM on two sleeping threads costs ~3x its one-thread time; spinning threads
+(OMP_WAIT_POLICY=ACTIVE) win that back on the main thread only, not on the server's engine
+thread (benchmarks/engine_thread_gemm.py).
 ``OCTAVO_CPU_SERIAL_TOKENS`` sets the cut (0: always every thread).
 """
 
