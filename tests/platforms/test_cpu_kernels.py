@@ -121,3 +121,57 @@ def test_split_kv_decodes_merge_to_the_torch_result(isa, window):
         torch.set_num_threads(previous)
     expected = torch_path.forward(q, k, v, cache.clone(), metadata)
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=2e-5)
+
+
+def _op_samples(ops):
+    """One small, valid call of each compiled op: ``{name: (op, args)}``."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    num_blocks, kv_heads, block_size, head_dim = 4, 2, 16, 8
+    kv_cache = randn(2, num_blocks, kv_heads, block_size, head_dim)
+    q, k, v = randn(3, 4, head_dim), randn(3, kv_heads, head_dim), randn(3, kv_heads, head_dim)
+    attention = (
+        torch.empty(3, 4, head_dim),
+        q,
+        k,
+        v,
+        kv_cache,
+        torch.tensor([0, 1, 17]),
+        torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+        torch.tensor([0, 2, 3], dtype=torch.int32),
+        torch.tensor([2, 18], dtype=torch.int32),
+        head_dim**-0.5,
+        -1,
+        3,
+        0,
+    )
+    x, residual, weight = randn(3, 32), randn(3, 32), randn(32)
+    qkv = randn(3, 6 * head_dim)
+    cos, sin = randn(3, head_dim), randn(3, head_dim)
+    return {
+        "paged_attention": (ops.paged_attention, attention),
+        "rms_norm": (ops.rms_norm, (torch.empty(3, 32), x, weight, 1e-5)),
+        "fused_add_rms_norm": (
+            ops.fused_add_rms_norm,
+            (torch.empty(3, 32), torch.empty(3, 32), x, residual, weight, 1e-5),
+        ),
+        "silu_and_mul": (ops.silu_and_mul, (torch.empty(3, 16), x[:, :16], x[:, 16:])),
+        "rotary_embedding": (
+            ops.rotary_embedding,
+            (qkv[:, : 4 * head_dim], qkv[:, 4 * head_dim :], cos, sin, head_dim),
+        ),
+    }
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_every_compiled_op_has_a_fake_that_matches_it(isa):
+    """What torch.compile needs to trace through the ops (their schemas' mutations and a fake
+    implementation agreeing with the real one), checked by torch.library.opcheck."""
+    if isa not in kernels.supported_isas(kernels.cpu_flags()) or not built(isa):
+        pytest.skip(f"no {isa} library runs here")
+    ops = kernels._load(isa).ops
+    for name, (op, args) in _op_samples(ops).items():
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))

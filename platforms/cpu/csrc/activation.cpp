@@ -57,7 +57,7 @@ void silu_and_mul_rows(const T* gate, const T* up, T* out, int64_t n) {
 }
 
 // out[T, I] = silu(gate[T, I]) * up[T, I]; rows may be strided, elements within a row not.
-at::Tensor silu_and_mul(at::Tensor out, const at::Tensor& gate, const at::Tensor& up) {
+void silu_and_mul(at::Tensor out, const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && out.sizes() == gate.sizes(),
               "gate, up and out must be [T, I] of one shape");
   TORCH_CHECK(gate.stride(1) == 1 && up.stride(1) == 1 && out.stride(1) == 1,
@@ -78,12 +78,11 @@ at::Tensor silu_and_mul(at::Tensor out, const at::Tensor& gate, const at::Tensor
                                       }
                                     });
                                   });
-  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
-  m.def("silu_and_mul(Tensor(a!) out, Tensor gate, Tensor up) -> Tensor(a!)");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor gate, Tensor up) -> ()");
   m.impl("silu_and_mul", c10::DispatchKey::CPU, &silu_and_mul);
 }

@@ -468,12 +468,11 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
 // step's key/value[T, KVH, D] into kv_cache through slot_mapping (-1 skips a token). Requests
 // with more than max_query_len new tokens (when > 0) are left to the caller: their K/V are
 // written, their rows of out are not.
-at::Tensor paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& key,
-                           const at::Tensor& value, at::Tensor kv_cache,
-                           const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                           double scale, int64_t sliding_window, int64_t num_tokens,
-                           int64_t max_query_len) {
+void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& key,
+                     const at::Tensor& value, at::Tensor kv_cache, const at::Tensor& slot_mapping,
+                     const at::Tensor& block_table, const at::Tensor& query_start_loc,
+                     const at::Tensor& seq_lens, double scale, int64_t sliding_window,
+                     int64_t num_tokens, int64_t max_query_len) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               "kv_cache must be [2, num_blocks, num_kv_heads, block_size, head_dim]");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, H, D]");
@@ -513,7 +512,6 @@ at::Tensor paged_attention(at::Tensor out, const at::Tensor& query, const at::Te
                                                      query_start_loc, seq_lens, sh,
                                                      max_query_len);
                                   });
-  return out;
 }
 
 }  // namespace
@@ -523,6 +521,6 @@ TORCH_LIBRARY(OCTAVO_CPU_NAMESPACE, m) {
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key, Tensor value, Tensor(b!) "
       "kv_cache, Tensor slot_mapping, Tensor block_table, Tensor query_start_loc, "
       "Tensor seq_lens, float scale, int sliding_window, int num_tokens, int max_query_len) "
-      "-> Tensor(a!)");
+      "-> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }

@@ -106,24 +106,24 @@ void rms_norm_impl(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
   });
 }
 
-at::Tensor rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   rms_norm_impl(out, x, weight, c10::nullopt, c10::nullopt, eps);
-  return out;
 }
 
-at::Tensor fused_add_rms_norm(at::Tensor out, at::Tensor summed, const at::Tensor& x,
-                              const at::Tensor& residual, const at::Tensor& weight, double eps) {
+void fused_add_rms_norm(at::Tensor out, at::Tensor summed, const at::Tensor& x,
+                        const at::Tensor& residual, const at::Tensor& weight, double eps) {
   rms_norm_impl(out, x, weight, residual, summed, eps);
-  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
-  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> Tensor(a!)");
+  // Outputs are written in place and not returned: torch.compile cannot functionalise a custom
+  // op whose result aliases an input.
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
   m.def(
       "fused_add_rms_norm(Tensor(a!) out, Tensor(b!) summed, Tensor x, Tensor residual, "
-      "Tensor weight, float eps) -> Tensor(a!)");
+      "Tensor weight, float eps) -> ()");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("fused_add_rms_norm", c10::DispatchKey::CPU, &fused_add_rms_norm);
 }

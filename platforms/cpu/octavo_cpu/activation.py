@@ -18,6 +18,8 @@ def make_silu_and_mul() -> Optional[SiluAndMulFn]:
         return None
 
     def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return ops.silu_and_mul(torch.empty_like(gate), gate, up)
+        out = torch.empty_like(gate)
+        ops.silu_and_mul(out, gate, up)
+        return out
 
     return silu_and_mul

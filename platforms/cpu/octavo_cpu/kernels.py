@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import torch
 
+from octavo_cpu.fake_ops import register_fakes
+
 KERNELS_ENV = "OCTAVO_CPU_KERNELS"
 ISAS = ("avx512", "avx2")  # best first
 _REQUIRED_FLAGS = {
@@ -86,6 +88,7 @@ def _load(forced: str) -> CpuKernels:
             missing.append(isa)
             continue
         torch.ops.load_library(str(library))
+        register_fakes(f"octavo_cpu_{isa}")
         why = f"{KERNELS_ENV}={forced}" if forced else "the best this CPU runs"
         return CpuKernels(isa, getattr(torch.ops, f"octavo_cpu_{isa}"), why)
     return CpuKernels(

@@ -31,7 +31,8 @@ def make_rms_norm(hidden_size: int, eps: float, dtype: torch.dtype, ops=None):
             return torch_rms_norm(x, weight, residual)
         out = torch.empty_like(x)
         if residual is None:
-            return ops.rms_norm(out, x, weight, eps)
+            ops.rms_norm(out, x, weight, eps)
+            return out
         summed = torch.empty_like(x)
         ops.fused_add_rms_norm(out, summed, x, residual, weight, eps)
         return out, summed
