@@ -54,5 +54,6 @@ def test_the_forward_sets_each_steps_threads_before_the_model_runs(restore_threa
 
 def test_octavo_env_reports_the_thread_policy(monkeypatch):
     monkeypatch.setenv(SERIAL_TOKENS_ENV, "16")
-    assert "threads:" in plugin.octavo_platform_detect().reason
-    assert SERIAL_TOKENS_ENV in plugin.describe_threads() or torch.get_num_threads() == 1
+    assert f"threads: {plugin.describe_threads()}" in plugin.octavo_platform_detect().reason
+    described = StepThreads(max_threads=2, serial_tokens=16).describe()
+    assert "1 for steps under 16 tokens" in described and SERIAL_TOKENS_ENV in described

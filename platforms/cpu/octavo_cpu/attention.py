@@ -84,16 +84,9 @@ class CpuAttentionBackend(AttentionBackend):
             self._decode(query, kv_cache, metadata, decode_rows, out)
         starts = query_start_loc.tolist()
         seq_lens = metadata.seq_lens.tolist()
-        for row in (~is_decode & (query_lens > 0)).nonzero().flatten().tolist():
-            start, end = starts[row], starts[row + 1]
-            out[start:end] = self._prefill(
-                query[start:end],
-                key[start:end],
-                value[start:end],
-                kv_cache,
-                metadata.block_table[row],
-                seq_lens[row],
-            )
+        rows = (~is_decode & (query_lens > 0)).nonzero().flatten().tolist()
+        chunks = [(row, starts[row], starts[row + 1], seq_lens[row]) for row in rows]
+        self._prefill_chunks(out, query, key, value, kv_cache, metadata, chunks)
         return out
 
     def _forward_compiled(self, ops, query, key, value, kv_cache, metadata, num_tokens):
@@ -119,16 +112,21 @@ class CpuAttentionBackend(AttentionBackend):
             SDPA_MIN_QUERY_LEN if long_chunks else 0,
         )
         if long_chunks:
-            for row, start, end, seq_len in self._long_chunks(metadata):
-                out[start:end] = self._prefill(
-                    query[start:end],
-                    key[start:end],
-                    value[start:end],
-                    kv_cache,
-                    metadata.block_table[row],
-                    seq_len,
-                )
+            chunks = self._long_chunks(metadata)
+            self._prefill_chunks(out, query, key, value, kv_cache, metadata, chunks)
         return out
+
+    def _prefill_chunks(self, out, query, key, value, kv_cache, metadata, chunks) -> None:
+        """SDPA for each ``(row, start, end, seq_len)`` prefill chunk, into ``out[start:end]``."""
+        for row, start, end, seq_len in chunks:
+            out[start:end] = self._prefill(
+                query[start:end],
+                key[start:end],
+                value[start:end],
+                kv_cache,
+                metadata.block_table[row],
+                seq_len,
+            )
 
     def _long_chunks(self, metadata: AttentionMetadata) -> list[tuple[int, int, int, int]]:
         """``(row, start, end, seq_len)`` of the requests with more than ``SDPA_MIN_QUERY_LEN``
