@@ -12,6 +12,7 @@ import json
 from typing import Any, Optional
 
 from octavo.errors import ConfigError
+from octavo.spec_decode.config import SpeculativeConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -59,6 +60,7 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
     max_model_len: Optional[int] = None  # None: the model's own context length
+    num_lookahead_tokens: int = 0  # KV slots past the scheduled tokens (a draft model's drafts)
 
 
 def check_quantization(quantization: Optional[str]) -> Optional[str]:
@@ -111,9 +113,13 @@ class EngineArgs:
     enforce_eager: bool = True
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
+    speculative_config: Optional[SpeculativeConfig] = None  # or vLLM's dict / its JSON text
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
+        object.__setattr__(
+            self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config)
+        )
         self.validate()
 
     def validate(self) -> None:
@@ -182,7 +188,16 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             scheduling_policy=self.scheduling_policy,
             max_model_len=max_model_len,
+            num_lookahead_tokens=self.num_lookahead_tokens,
         )
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots a proposer writes past the scheduled tokens: K for a draft model."""
+        spec = self.speculative_config
+        if spec is None or spec.method == "ngram":
+            return 0
+        return spec.num_speculative_tokens
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -234,6 +249,14 @@ class EngineArgs:
             default=None,
             help="JSON object of generation-config fields that win over the file's, "
             "e.g. '{\"temperature\": 0.5}'",
+        )
+        group.add_argument(
+            "--speculative-config",
+            type=json_object,
+            default=None,
+            help="speculative decoding, as vLLM's JSON: "
+            '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}\' or '
+            '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\'',
         )
         return parser
 

@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from octavo.spec_decode.stats import SpecDecodeStats
+
 # Outcomes of ``octavo_requests_total{status}``: one per engine request (one per prompt), or
 # per HTTP request for those turned away before they reached the engine.
 REQUEST_STATUSES = ("finished", "aborted", "failed", "invalid", "rejected")
@@ -113,6 +115,7 @@ class EngineMetrics:
         self.prefix_cache_hits = Counter(
             "octavo_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r
         )
+        self.spec_decode = SpecDecodeMetrics(r)
         # Last seen cumulative values of the engine core (touched by the engine thread only).
         self._seen_preempted = 0
         self._seen_queries = 0
@@ -172,10 +175,48 @@ class EngineMetrics:
         self._seen_hits = _add_difference(
             self.prefix_cache_hits, kv.prefix_cache_hits, self._seen_hits
         )
+        self.spec_decode.update(scheduler.spec_stats)
 
     def render(self) -> bytes:
         """The registry in Prometheus' text exposition format."""
         return generate_latest(self.registry)
+
+
+class SpecDecodeMetrics:
+    """The ``octavo_spec_decode_*`` counters, fed the scheduler's cumulative SpecDecodeStats."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.num_drafts = Counter(
+            "octavo_spec_decode_num_drafts",
+            "Speculative decoding: verifications (a request's step with at least one draft)",
+            registry=registry,
+        )
+        self.num_draft_tokens = Counter(
+            "octavo_spec_decode_num_draft_tokens",
+            "Draft tokens scheduled and verified",
+            registry=registry,
+        )
+        self.num_accepted_tokens = Counter(
+            "octavo_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=registry
+        )
+        self.num_accepted_tokens_per_pos = Counter(
+            "octavo_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position (0-based)",
+            ["position"],
+            registry=registry,
+        )
+        self._seen = SpecDecodeStats()
+
+    def update(self, stats: SpecDecodeStats) -> None:
+        if stats.num_drafts <= self._seen.num_drafts:
+            return
+        new = stats.since(self._seen)
+        self.num_drafts.inc(new.num_drafts)
+        self.num_draft_tokens.inc(new.num_draft_tokens)
+        self.num_accepted_tokens.inc(new.num_accepted_tokens)
+        for position, count in enumerate(new.num_accepted_tokens_per_pos):
+            self.num_accepted_tokens_per_pos.labels(str(position)).inc(count)
+        self._seen = stats.copy()
 
 
 def _add_difference(counter: Counter, total: int, seen: int) -> int:

@@ -43,6 +43,8 @@ class Request:
     hash of full block ``i`` of ``all_token_ids``; it is extended as blocks fill and survives
     preemption, so a resumed request never re-hashes. The engine appends sampled tokens only with
     ``append_output_token_ids`` (it keeps ``all_token_ids`` and ``block_hashes`` in step).
+    ``spec_token_ids`` are the drafts proposed for its next step (speculative decoding): never
+    part of its tokens, never hashed.
     ``mm_positions[j]`` is the ``(offset, length)`` of the placeholder tokens of the multimodal
     input hashed ``mm_hashes[j]``; without positions every multimodal hash keys the first block.
     """
@@ -60,6 +62,7 @@ class Request:
         "status",
         "num_computed_tokens",
         "block_hashes",
+        "spec_token_ids",
         "_output_token_ids",
         "_all_token_ids",
         "_block_hasher",
@@ -104,6 +107,7 @@ class Request:
         self._block_hasher = block_hasher
         self._block_size = block_hasher.block_size if block_hasher is not None else 0
         self.block_hashes: list[BlockHash] = []
+        self.spec_token_ids: list[int] = []
         self._next_hash_at = 0  # num_tokens at which the next block fills (0: no hasher)
         if block_hasher is not None:
             self._hash_new_blocks()
@@ -167,6 +171,7 @@ class Request:
         child._output_token_ids = list(self._output_token_ids)
         child._all_token_ids = list(self._all_token_ids)
         child.block_hashes = list(self.block_hashes)
+        child.spec_token_ids = []
         return child
 
     def __repr__(self) -> str:

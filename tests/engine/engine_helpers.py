@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from pool_checks import assert_pool_clean  # noqa: F401  (shared with tests/spec_decode)
+
 from octavo import LLM
 
 
@@ -23,22 +25,6 @@ def make_llm(model: Path, **engine_args) -> LLM:
     engine_args.setdefault("max_num_seqs", 64)
     engine_args.setdefault("max_num_batched_tokens", 512)
     return LLM(str(model), **engine_args)
-
-
-def assert_pool_clean(llm: LLM) -> None:
-    """After a workload: every block back in the pool, no request left in any queue."""
-    core = llm.engine.core
-    kv, scheduler = core.kv_cache_manager, core.scheduler
-    assert kv.num_free_blocks == kv.block_pool.num_blocks
-    assert all(block.ref_cnt == 0 for block in kv.block_pool.blocks)
-    assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks
-    assert (
-        not scheduler.requests
-        and not scheduler.running
-        and not scheduler.swapped
-        and not len(scheduler.waiting)
-    )
-    assert not llm.engine.has_unfinished_requests()
 
 
 def generate_ids(llm: LLM, prompts, params) -> list[list[int]]:

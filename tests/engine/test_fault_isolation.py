@@ -40,10 +40,10 @@ def _fail_state_setup(monkeypatch, llm) -> None:
 def _fail_logits_processing(monkeypatch, llm) -> None:
     original = logits_processors.SamplingPenalties._apply
 
-    def apply(self, row_logits, params, batch, row):
+    def apply(self, row_logits, params, batch, row, num_tokens):
         if params.repetition_penalty == POISON:
             raise InjectedFault("planted in the request's penalties")
-        return original(self, row_logits, params, batch, row)
+        return original(self, row_logits, params, batch, row, num_tokens)
 
     monkeypatch.setattr(logits_processors.SamplingPenalties, "_apply", apply)
 

@@ -24,7 +24,7 @@ def test_last_position_logits_match_transformers(arch, tiny_models, make_runner,
     runner = make_runner(tiny_models[arch])
     captured = []
     runner.logits_processors.append(
-        lambda logits, batch, rows: captured.append(logits.clone()) or logits
+        lambda logits, batch, rows, num_tokens: captured.append(logits.clone()) or logits
     )
     driver = Driver(runner, blocks_needed(PROMPTS, 1, runner.block_size))
     for prompt in PROMPTS:
@@ -68,7 +68,7 @@ def assert_bfloat16_greedy_matches(runner, path, oracle, max_tokens: int = 16) -
     """``runner``'s greedy tokens for PROMPTS equal transformers' in bfloat16, ties excepted."""
     steps = []
     runner.logits_processors.append(
-        lambda logits, batch, rows: steps.append(logits.clone()) or logits
+        lambda logits, batch, rows, num_tokens: steps.append(logits.clone()) or logits
     )
     outputs = run_greedy(runner, PROMPTS, max_tokens)
     for i, (prompt, ours) in enumerate(zip(PROMPTS, outputs)):

@@ -52,7 +52,7 @@ def test_prompt_logits_match_transformers(stories260k_path, reference, make_runn
     runner = make_runner(stories260k_path)
     captured = []
     runner.logits_processors.append(
-        lambda logits, batch, rows: captured.append(logits.clone()) or logits
+        lambda logits, batch, rows, num_tokens: captured.append(logits.clone()) or logits
     )
     driver = Driver(runner, blocks_needed([prompt], 1, runner.block_size))
     driver.add(prompt, max_tokens=1)

@@ -157,10 +157,10 @@ def test_a_request_the_step_fails_gets_500_alone_and_streams_in_flight_keep_thei
     server = server_factory()
     original = logits_processors.SamplingPenalties._apply
 
-    def fault_for_one_request(self, row_logits, params, batch, row):
+    def fault_for_one_request(self, row_logits, params, batch, row, num_tokens):
         if params.repetition_penalty == 1.25:
             raise RuntimeError("simulated fault in one request's penalties")
-        return original(self, row_logits, params, batch, row)
+        return original(self, row_logits, params, batch, row, num_tokens)
 
     monkeypatch.setattr(logits_processors.SamplingPenalties, "_apply", fault_for_one_request)
     prompts = ["once upon a time", "the little dog"]

@@ -20,6 +20,7 @@ from octavo.platform.facade import Platform
 from octavo.request import Request, RequestStatus
 from octavo.sampling_params import SamplingParams
 from octavo.sched.scheduler import Scheduler
+from octavo.spec_decode.stats import SpecDecodeLog
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class EngineCore:
             max_num_seqs=self.args.max_num_seqs,
             max_num_batched_tokens=self.args.max_num_batched_tokens,
             quantization=self.args.quantization,
+            speculative_config=self.args.speculative_config,
         )
         self.runner = ModelRunner(self.model_config, self.platform, runner_config)
         self.sizing = self._plan_kv_cache()
@@ -75,6 +77,9 @@ class EngineCore:
             num_host_blocks=num_host_blocks,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
+        self.spec_log = (
+            SpecDecodeLog(self.scheduler.spec_stats) if self.args.speculative_config else None
+        )
 
     def _plan_kv_cache(self) -> KVCacheSizing:
         """Size the KV cache: ``--kv-cache-memory`` bytes when given (the cpu platform always
@@ -84,7 +89,7 @@ class EngineCore:
         activation_bytes = 0
         if self.args.cache_config.kv_cache_memory is None:
             activation_bytes = self.runner.profile_run().peak_activation_bytes
-        model_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+        model_bytes = self.runner.parameter_bytes()
         mc = self.model_config
         sizing = plan_kv_cache(
             self.args.cache_config,
@@ -96,6 +101,7 @@ class EngineCore:
             head_dim=mc.head_dim,
             dtype=mc.dtype,
             max_model_len=mc.max_model_len,
+            extra_block_bytes=self._proposer_block_bytes(),
         )
         logger.info(
             "KV cache: %d blocks of %d tokens (%d host blocks)",
@@ -104,6 +110,13 @@ class EngineCore:
             sizing.num_host_blocks,
         )
         return sizing
+
+    def _proposer_block_bytes(self) -> int:
+        """KV bytes per block of a draft model's layers, which share the target's block ids."""
+        speculation = self.runner.speculation
+        if speculation is None or not speculation.proposer.attention_layers:
+            return 0
+        return self.runner.kv_cache_bytes_per_block(speculation.proposer.attention_layers)
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -186,5 +199,7 @@ class EngineCore:
                 EngineCoreOutput(r, finish_reason=FinishReason.ERROR, error=message)
                 for r, message in runner_output.failed.items()
             ]
-        self.scheduler.update_from_output(sampled)
+        self.scheduler.update_from_output(sampled, runner_output.spec_token_ids)
+        if self.spec_log is not None:
+            self.spec_log.maybe_log()
         return outputs

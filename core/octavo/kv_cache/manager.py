@@ -184,6 +184,13 @@ class KVCacheManager:
             self._publish_full_blocks(request, entry, num_used // block_size)
         return new_blocks
 
+    def release_unused_slots(self, request: Request, num_slots: int) -> None:
+        """The last ``num_slots`` slots given this step hold no token after all (rejected
+        drafts): they count as unused again. The blocks stay in the table for the next step."""
+        entry = self._tables.get(request.request_id)
+        if entry is not None:
+            entry.num_used_slots = max(0, entry.num_used_slots - num_slots)
+
     def _copy_on_write(self, request_id: str, blocks: list[KVCacheBlock], index: int) -> None:
         src = blocks[index]
         (dst,) = self.block_pool.allocate(1)

@@ -118,10 +118,14 @@ def plan_kv_cache(
     head_dim: int,
     dtype: torch.dtype,
     max_model_len: int,
+    extra_block_bytes: int = 0,
 ) -> KVCacheSizing:
-    """Block size, device and host block counts for one model on one platform."""
+    """Block size, device and host block counts for one model on one platform;
+    ``extra_block_bytes`` are a draft model's KV bytes in each block (its caches share the
+    target's block ids)."""
     block_size = check_block_size(cache_config.block_size, capabilities.block_sizes)
     block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+    block_bytes += extra_block_bytes
     num_blocks = num_gpu_blocks(
         block_bytes=block_bytes,
         total_memory=memory.total,

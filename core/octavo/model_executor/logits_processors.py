@@ -34,14 +34,16 @@ class SamplingPenalties:
         self.requests = requests
         self.eos_token_ids = tuple(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray) -> torch.Tensor:
+    def __call__(
+        self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray, num_tokens: np.ndarray
+    ) -> torch.Tensor:
         req_ids = batch.req_ids
         failed = {}
-        for i, row in enumerate(rows.tolist()):
+        for i, (row, length) in enumerate(zip(rows.tolist(), num_tokens.tolist())):
             state = self.requests[req_ids[row]]
-            if needs_processing(state.sampling_params):
+            if needs_processing(state.sampling_params) and state.req_id not in failed:
                 try:
-                    self._apply(logits[i], state.sampling_params, batch, row)
+                    self._apply(logits[i], state.sampling_params, batch, row, length)
                 except Exception as exc:  # noqa: BLE001 - one request's parameters: fail it alone
                     failed[state.req_id] = (
                         f"cannot apply its penalties: {type(exc).__name__}: {exc}"
@@ -51,9 +53,15 @@ class SamplingPenalties:
         return logits
 
     def _apply(
-        self, row_logits: torch.Tensor, params: SamplingParams, batch: InputBatch, row: int
+        self,
+        row_logits: torch.Tensor,
+        params: SamplingParams,
+        batch: InputBatch,
+        row: int,
+        num_tokens: int,
     ) -> None:
-        num_prompt, num_tokens = int(batch.num_prompt_tokens[row]), int(batch.num_tokens[row])
+        """Adjust the logits of the token after the row's first ``num_tokens`` tokens."""
+        num_prompt = int(batch.num_prompt_tokens[row])
         tokens = torch.from_numpy(batch.token_ids[row, :num_tokens]).long().to(row_logits.device)
         output = tokens[num_prompt:]
         vocab = row_logits.shape[-1]

@@ -46,3 +46,31 @@ def compute_logprobs(
             ranks=[ranks_list[i]],
         )
     return out
+
+
+def emitted_logprobs(
+    logits: torch.Tensor, tokens: np.ndarray, num_drafts: np.ndarray, num_logprobs: np.ndarray
+) -> list[Optional[StepLogprobs]]:
+    """Logprobs of each row's emitted tokens after draft verification: ``tokens [S, W]`` (-1
+    padded) were emitted at row ``i``'s logits positions ``0, 1, ...``, which start at row
+    ``sum(k_j + 1 for j < i)`` of ``logits``. One StepLogprobs of as many positions per row that
+    asked for logprobs (``num_logprobs`` >= 0), None for the others."""
+    out: list[Optional[StepLogprobs]] = [None] * len(num_logprobs)
+    if not (num_logprobs >= 0).any():
+        return out
+    counts = (tokens >= 0).sum(axis=1)
+    starts = np.cumsum(num_drafts + 1) - (num_drafts + 1)
+    row = np.repeat(np.arange(len(counts)), counts)
+    position = starts[row] + np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+    index = torch.from_numpy(position).to(logits.device)
+    chosen = torch.from_numpy(tokens[tokens >= 0]).to(logits.device)
+    per_position = compute_logprobs(logits.index_select(0, index), chosen, num_logprobs[row])
+    first = np.cumsum(counts) - counts
+    for i in np.flatnonzero(num_logprobs >= 0).tolist():
+        rows = per_position[first[i] : first[i] + counts[i]]
+        out[i] = StepLogprobs(
+            token_ids=[r.token_ids[0] for r in rows],
+            logprobs=[r.logprobs[0] for r in rows],
+            ranks=[r.ranks[0] for r in rows],
+        )
+    return out

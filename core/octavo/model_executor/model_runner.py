@@ -21,22 +21,30 @@ from octavo.model_executor.input_batch import CachedRequestState, InputBatch
 from octavo.model_executor.loader import load_model
 from octavo.model_executor.logits_processors import SamplingPenalties
 from octavo.model_executor.logprobs import compute_logprobs
-from octavo.model_executor.memory import PeakMemory, zeros_on_touch
+from octavo.model_executor.memory import zeros_on_touch
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.profile import ProfileResult, profile_run
 from octavo.model_executor.runner_output import ModelRunnerOutput
+from octavo.model_executor.step_inputs import StepBuffer, StepInputs
 from octavo.models.layers.attention import Attention
 from octavo.models.layers.linear import TPGroup
 from octavo.models.layers.packed import pack_linears
 from octavo.models.layers.widen import widen_matmuls
 from octavo.platform.facade import Platform
 from octavo.platform.types import AttentionMetadata
-from octavo.sampling_params import SamplingParams
 from octavo.sched.output import NewRequestData, SchedulerOutput
+from octavo.spec_decode.config import SpeculativeConfig
+from octavo.spec_decode.proposer import ProposeContext
+from octavo.spec_decode.speculation import Speculation
+from octavo.spec_decode.verifier import positions_per_row, ragged_index
 
-LogitsProcessor = Callable[[torch.Tensor, InputBatch, np.ndarray], torch.Tensor]
-"""``fn(logits [S, V] fp32, batch, rows [S]) -> logits``: adjusts the logits of batch rows
-``rows`` before sampling (penalties, logit bias, min_tokens, grammar bitmasks). A processor that
-cannot adjust some rows adjusts the others in place, then raises a RequestError naming those."""
+LogitsProcessor = Callable[[torch.Tensor, InputBatch, np.ndarray, np.ndarray], torch.Tensor]
+"""``fn(logits [S, V] fp32, batch, rows [S], num_tokens [S]) -> logits``: adjusts logits row
+``i``, the next token of batch row ``rows[i]`` after its first ``num_tokens[i]`` tokens in
+``batch.token_ids`` (penalties, logit bias, min_tokens, grammar bitmasks). Without drafts each
+row appears once with all its tokens; a row verifying drafts appears once per draft position,
+the drafts before it counted. A processor that cannot adjust some rows adjusts the others in
+place, then raises a RequestError naming those."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,45 +57,7 @@ class RunnerConfig:
     quantization: Optional[str] = (
         None  # "fp8": linear weights quantised at load (EngineArgs.quantization)
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileResult:
-    """What the start-up profile run measured: the activation peak of a max-size step."""
-
-    peak_activation_bytes: int
-    num_tokens: int
-    num_reqs: int
-
-
-@dataclasses.dataclass(slots=True)
-class StepInputs:
-    """One step's flat batch, ready for the model."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn_metadata: AttentionMetadata
-    num_scheduled: np.ndarray  # [R]
-    sample_rows: np.ndarray  # [S] batch rows that sample this step
-    logits_indices: Optional[
-        torch.Tensor
-    ]  # [S] token of each sampling row; None: every token samples
-
-
-class _StepBuffer:
-    """A persistent host tensor with a numpy view, mirrored on the device when it is not the host;
-    ``pin`` (the platform's ``Capabilities.pin_host_memory``) page-locks the host tensor."""
-
-    def __init__(self, size: int, dtype: torch.dtype, device: torch.device, pin: bool = False):
-        on_host = device.type == "cpu"
-        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=pin)
-        self.np = self.cpu.numpy()
-        self.dev = self.cpu if on_host else torch.zeros(size, dtype=dtype, device=device)
-
-    def to_device(self, n: int) -> torch.Tensor:
-        if self.dev is not self.cpu:
-            self.dev[:n].copy_(self.cpu[:n], non_blocking=True)
-        return self.dev[:n]
+    speculative_config: Optional[SpeculativeConfig] = None
 
 
 class ModelRunner:
@@ -112,17 +82,8 @@ class ModelRunner:
         self.block_size = runner_config.block_size
         self.device = torch.device(device) if device is not None else platform.device_init()
         self.pin_host_memory = platform.capabilities.pin_host_memory
-        self.model = load_model(
-            model_config,
-            platform,
-            block_size=self.block_size,
-            device=self.device,
-            tp=tp,
-            quantization=runner_config.quantization,
-        )
-        widen_matmuls(self.model, platform.capabilities.widened_matmul_dtypes)
-        pack_linears(self.model, platform.linear_packer(model_config.dtype))
-        self.forward = platform.graph_runner(self.model, runner_config)
+        self.platform, self.tp = platform, tp
+        self.model, self.forward = self.build_model(model_config)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
@@ -143,25 +104,56 @@ class ModelRunner:
         )
         max_tokens, max_reqs = runner_config.max_num_batched_tokens, runner_config.max_num_seqs
         pin = self.pin_host_memory
-        self.input_ids = _StepBuffer(max_tokens, torch.int64, self.device, pin)
-        self.positions = _StepBuffer(max_tokens, torch.int64, self.device, pin)
-        self.slot_mapping = _StepBuffer(max_tokens, torch.int64, self.device, pin)
-        self.query_start_loc = _StepBuffer(max_reqs + 1, torch.int32, self.device, pin)
-        self.seq_lens = _StepBuffer(max_reqs, torch.int32, self.device, pin)
-        self.logits_indices = _StepBuffer(max_reqs, torch.int64, self.device, pin)
-        self.block_table = _StepBuffer(max_reqs * max_blocks, torch.int32, self.device, pin)
+        self.input_ids = StepBuffer(max_tokens, torch.int64, self.device, pin)
+        self.positions = StepBuffer(max_tokens, torch.int64, self.device, pin)
+        self.slot_mapping = StepBuffer(max_tokens, torch.int64, self.device, pin)
+        self.query_start_loc = StepBuffer(max_reqs + 1, torch.int32, self.device, pin)
+        self.seq_lens = StepBuffer(max_reqs, torch.int32, self.device, pin)
+        self.logits_indices = StepBuffer(max(max_reqs, max_tokens), torch.int64, self.device, pin)
+        self.block_table = StepBuffer(max_reqs * max_blocks, torch.int32, self.device, pin)
         self.arange = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
+        spec = runner_config.speculative_config
+        self.speculation: Optional[Speculation] = (
+            None if spec is None else Speculation(spec, self, platform.rejection_sampler())
+        )
+        if self.speculation is not None:  # a draft model's KV caches sit beside the target's
+            self.attention_layers += self.speculation.proposer.attention_layers
         self.kv_caches: list[torch.Tensor] = []
         self.host_kv_caches: list[torch.Tensor] = []
 
+    def build_model(self, model_config: ModelConfig):
+        """``(model, forward)``: a model of this runner's platform, block size, device and
+        quantisation, its linears packed, with the platform's forward for it."""
+        platform = self.platform
+        model = load_model(
+            model_config,
+            platform,
+            block_size=self.block_size,
+            device=self.device,
+            tp=self.tp,
+            quantization=self.config.quantization,
+        )
+        widen_matmuls(model, platform.capabilities.widened_matmul_dtypes)
+        pack_linears(model, platform.linear_packer(model_config.dtype))
+        return model, platform.graph_runner(model, self.config)
+
     # --- KV cache ----------------------------------------------------------------------------
 
-    def kv_cache_bytes_per_block(self) -> int:
-        """Bytes one block takes across all layers, in the backends' layouts (for KV sizing)."""
+    def kv_cache_bytes_per_block(self, layers: Optional[list[Attention]] = None) -> int:
+        """Bytes one block takes across ``layers`` (default: all, a draft model's included), in
+        the backends' layouts (for KV sizing)."""
         size = self.model_config.dtype.itemsize
         return sum(
-            int(np.prod(layer.backend.kv_cache_shape(1))) * size for layer in self.attention_layers
+            int(np.prod(layer.backend.kv_cache_shape(1))) * size
+            for layer in (self.attention_layers if layers is None else layers)
         )
+
+    def parameter_bytes(self) -> int:
+        """Bytes of the weights, a draft model's included."""
+        models = [self.model]
+        if self.speculation is not None and hasattr(self.speculation.proposer, "model"):
+            models.append(self.speculation.proposer.model)
+        return sum(p.numel() * p.element_size() for m in models for p in m.parameters())
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate each layer's paged cache (``num_blocks`` blocks) and bind it to the layer;
@@ -219,6 +211,8 @@ class ModelRunner:
                 return ModelRunnerOutput.empty()
             step = self._prepare_inputs(scheduler_output)
             hidden_states = self.forward(step.input_ids, step.positions, step.attn_metadata)
+            if self.speculation is not None:
+                self.speculation.proposer.forward_step(step)
             return self._sample(hidden_states, step)
         except RequestError:
             self._forget_requests()
@@ -242,6 +236,8 @@ class ModelRunner:
             self.requests.pop(req_id, None)
             self._kept_generators.pop(req_id, None)
             batch.remove_request(req_id)
+        if self.speculation is not None and so.finished_req_ids:
+            self.speculation.proposer.forget(so.finished_req_ids)
         new_states = self._new_request_states(so.scheduled_new_reqs)
         for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
             batch.remove_request(req_id)  # idle this step (e.g. preempted): keep its state only
@@ -302,6 +298,11 @@ class ModelRunner:
         num_scheduled = np.fromiter(
             map(so.num_scheduled_tokens.__getitem__, req_ids), np.int64, num_reqs
         )
+        num_drafts = (
+            self.speculation.place_drafts(batch, so.scheduled_spec_token_ids)
+            if so.scheduled_spec_token_ids
+            else None
+        )
         cu_num_tokens = np.cumsum(num_scheduled)
         total = int(cu_num_tokens[-1])
         assert total == so.total_num_scheduled_tokens, (
@@ -313,9 +314,8 @@ class ModelRunner:
         positions = self.positions.np[:total]
         np.add(num_computed[req_indices], offsets, out=positions)
         seq_lens = num_computed + num_scheduled
-        assert (seq_lens <= batch.num_tokens[:num_reqs]).all(), (
-            "scheduled past the request's known tokens"
-        )
+        num_known = batch.num_tokens[:num_reqs] + (0 if num_drafts is None else num_drafts)
+        assert (seq_lens <= num_known).all(), "scheduled past the request's known tokens"
 
         max_len = batch.token_ids.shape[1]
         self.input_ids.np[:total] = batch.token_ids.ravel()[req_indices * max_len + positions]
@@ -327,12 +327,8 @@ class ModelRunner:
         self.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
         self.seq_lens.np[:num_reqs] = seq_lens
 
-        sample_rows = np.flatnonzero(seq_lens == batch.num_tokens[:num_reqs])
-        num_samples = len(sample_rows)
-        logits_indices = None  # all decodes: every token is a sampling row's last one
-        if num_samples != total:
-            self.logits_indices.np[:num_samples] = cu_num_tokens[sample_rows] - 1
-            logits_indices = self.logits_indices.to_device(num_samples)
+        sample_rows = np.flatnonzero(seq_lens == num_known)
+        logits_indices = self._logits_indices(sample_rows, cu_num_tokens, num_drafts, total)
         batch.num_computed_tokens[:num_reqs] = seq_lens
         # a compact table, only as wide as this step's longest request needs
         num_cols = -(-int(seq_lens.max()) // bs)
@@ -355,7 +351,31 @@ class ModelRunner:
             num_scheduled,
             sample_rows,
             logits_indices,
+            num_drafts,
+            None
+            if num_drafts is None
+            else self.speculation.draft_token_ids(batch, sample_rows, num_drafts, self.device),
         )
+
+    def _logits_indices(
+        self,
+        sample_rows: np.ndarray,
+        cu_num_tokens: np.ndarray,
+        num_drafts: Optional[np.ndarray],
+        total: int,
+    ) -> Optional[torch.Tensor]:
+        """The tokens whose logits are taken: each sampling row's last, or its last ``1 + k``
+        when it verifies ``k`` drafts; None when that is every token (all decodes)."""
+        if num_drafts is not None:
+            row, offset = positions_per_row(num_drafts[sample_rows])
+            first = cu_num_tokens[sample_rows] - 1 - num_drafts[sample_rows]
+            indices = first[row] + offset
+        elif len(sample_rows) != total:
+            indices = cu_num_tokens[sample_rows] - 1
+        else:
+            return None
+        self.logits_indices.np[: len(indices)] = indices
+        return self.logits_indices.to_device(len(indices))
 
     def _sample(self, hidden_states: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
         batch, rows = self.input_batch, step.sample_rows
@@ -364,34 +384,55 @@ class ModelRunner:
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs = [None] * num_reqs
         failed: dict[str, str] = {}
+        spec_token_ids: dict[str, list[int]] = {}
         if len(rows):
+            step_hidden_states = hidden_states
             if step.logits_indices is not None:
                 hidden_states = hidden_states.index_select(0, step.logits_indices)
             logits = self.model.compute_logits(hidden_states).float()
-            num_logprobs = batch.num_logprobs[rows]
-            raw_logits = (
-                logits.clone() if self.logits_processors and (num_logprobs >= 0).any() else logits
-            )
-            logits = self._process_logits(logits, rows, failed)
-            sampled = self.sampler(logits, batch.sampling_metadata(rows))
-            row_logprobs = compute_logprobs(raw_logits, sampled, num_logprobs)
-            tokens = sampled.cpu().numpy()  # the step's one device sync
+            if step.num_drafts is None:
+                tokens, row_logprobs = self._sample_tokens(logits, rows, failed)
+            else:
+                tokens, row_logprobs = self.speculation.verify(
+                    logits, batch, rows, step, self.process_logits, failed
+                )
             kept = self._keep_valid_samples(rows, tokens, logits.shape[-1], failed)
             self._record_sampled(rows[kept], tokens[kept])
             for i in np.flatnonzero(kept).tolist():
-                sampled_token_ids[rows[i]] = [int(tokens[i])]
+                row_tokens = tokens[i]
+                sampled_token_ids[rows[i]] = row_tokens[row_tokens >= 0].tolist()
                 logprobs[rows[i]] = row_logprobs[i]
-        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed)
+            if self.speculation is not None:
+                spec_token_ids = self.speculation.propose(
+                    ProposeContext(batch, rows[kept], step, step_hidden_states, self.process_logits)
+                )
+        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed, spec_token_ids)
 
-    def _process_logits(
-        self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]
+    def _sample_tokens(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]):
+        """One token per sampling row: ``(tokens [S, 1], logprobs per row)``."""
+        batch = self.input_batch
+        num_logprobs = batch.num_logprobs[rows]
+        raw_logits = (
+            logits.clone() if self.logits_processors and (num_logprobs >= 0).any() else logits
+        )
+        logits = self.process_logits(logits, rows, batch.num_tokens[rows], failed)
+        sampled = self.sampler(logits, batch.sampling_metadata(rows))
+        row_logprobs = compute_logprobs(raw_logits, sampled, num_logprobs)
+        return sampled.cpu().numpy()[:, None], row_logprobs  # the step's one device sync
+
+    def process_logits(
+        self,
+        logits: torch.Tensor,
+        rows: np.ndarray,
+        num_tokens: np.ndarray,
+        failed: dict[str, str],
     ) -> torch.Tensor:
         """Run the logits processors over the sampling rows. Rows a processor could not adjust
         (it processes the others, then raises a RequestError naming these) fail; their logits
         are made neutral so that sampling them cannot fail as well."""
         for process in self.logits_processors:
             try:
-                logits = process(logits, self.input_batch, rows)
+                logits = process(logits, self.input_batch, rows, num_tokens)
             except RequestError as exc:
                 failed.update(exc.messages)
         if failed:
@@ -402,10 +443,10 @@ class ModelRunner:
     def _keep_valid_samples(
         self, rows: np.ndarray, tokens: np.ndarray, vocab_size: int, failed: dict[str, str]
     ) -> np.ndarray:
-        """Which sampling rows keep their token: not the failed ones, nor one whose token is no
-        token (the sampler found no finite logit), which fails too."""
+        """Which sampling rows keep their tokens (``[S, W]``, -1 padded): not the failed ones,
+        nor one whose token is no token (the sampler found no finite logit), which fails too."""
         req_ids = self.input_batch.req_ids
-        kept = (tokens >= 0) & (tokens < vocab_size)
+        kept = (tokens[:, 0] >= 0) & (tokens < vocab_size).all(axis=1)
         for i in np.flatnonzero(~kept).tolist():
             failed.setdefault(
                 req_ids[rows[i]], "the sampler found no token to sample (no finite logit)"
@@ -415,52 +456,22 @@ class ModelRunner:
         return kept
 
     def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        """Append each sampled token to its request (batch row and state)."""
+        """Append each row's sampled tokens (``[S, W]``, -1 padded) to its request (batch row
+        and state)."""
         batch = self.input_batch
-        fits = batch.num_tokens[rows] < batch.max_model_len
-        batch.token_ids[rows[fits], batch.num_tokens[rows[fits]]] = tokens[fits]
-        batch.num_tokens[rows[fits]] += 1
-        for row, token in zip(rows.tolist(), tokens.tolist()):
-            self.requests[batch.req_ids[row]].output_token_ids.append(token)
+        counts = (tokens >= 0).sum(axis=1)
+        row, offset = ragged_index(counts)
+        columns = batch.num_tokens[rows[row]] + offset
+        fits = columns < batch.max_model_len
+        batch.token_ids[rows[row][fits], columns[fits]] = tokens[tokens >= 0][fits]
+        batch.num_tokens[rows] = np.minimum(batch.num_tokens[rows] + counts, batch.max_model_len)
+        for row, row_tokens in zip(rows.tolist(), tokens.tolist()):
+            output = self.requests[batch.req_ids[row]].output_token_ids
+            output.extend(token for token in row_tokens if token >= 0)
 
     # --- start-up profiling --------------------------------------------------------------------
 
     def profile_run(self) -> ProfileResult:
-        """Run one max-size step (``max_num_batched_tokens`` prompt tokens over up to
-        ``max_num_seqs`` requests, all sampling) on a scratch KV cache and report its peak
-        activation memory, for sizing the real KV cache. Leaves no request behind."""
-        cfg, bs = self.config, self.block_size
-        num_reqs = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
-        base, extra = divmod(cfg.max_num_batched_tokens, num_reqs)
-        lengths = [
-            min(base + (i < extra), self.model_config.max_model_len) for i in range(num_reqs)
-        ]
-        num_blocks = [-(-n // bs) for n in lengths]
-        starts = np.concatenate([[0], np.cumsum(num_blocks)]).tolist()
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, seed=0)
-        new_reqs = [
-            NewRequestData(
-                f"__profile_{i}", [0] * n, params, list(range(starts[i], starts[i + 1])), 0
-            )
-            for i, n in enumerate(lengths)
-        ]
-        saved = self.kv_caches
-        dtype = self.model_config.dtype
-        scratch = [
-            torch.zeros(layer.backend.kv_cache_shape(starts[-1]), dtype=dtype, device=self.device)
-            for layer in self.attention_layers
-        ]
-        self._bind(scratch)
-        step = SchedulerOutput(
-            new_reqs, [], {r.req_id: len(r.prompt_token_ids) for r in new_reqs}, sum(lengths)
-        )
-        try:
-            with PeakMemory(self.device) as peak:
-                self.execute_model(step)
-        finally:
-            self.execute_model(
-                SchedulerOutput([], [], {}, 0, finished_req_ids={r.req_id for r in new_reqs})
-            )
-            self.kv_caches = saved
-            self._bind(saved)
-        return ProfileResult(peak.bytes, sum(lengths), num_reqs)
+        """Run one max-size step on a scratch KV cache and report its peak activation memory
+        (``octavo.model_executor.profile``); leaves no request behind."""
+        return profile_run(self)

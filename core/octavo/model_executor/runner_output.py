@@ -34,12 +34,15 @@ class ModelRunnerOutput:
     sampled (partial prefill chunks). ``logprobs[i]`` is one row per sampled token when request
     ``i`` asked for logprobs, else None. ``failed`` maps the requests the step could not sample
     for (their logits processing failed, or no token was left) to why: they end with an error,
-    the others go on."""
+    the others go on. A request that verified drafts gets its accepted drafts and one more token
+    in ``sampled_token_ids``."""
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
     logprobs: list[Optional[StepLogprobs]]
     failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Drafts proposed for each request's next step (speculative decoding; empty without)."""
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

@@ -5,7 +5,7 @@ The scheduler sends full data only for requests a worker has not seen (``NewRequ
 deltas for the rest (``CachedRequestData``); the worker keeps a persistent batch. Ownership of
 tokens: **the runner appends every token it samples to its own copy of the request**, so the
 scheduler never echoes sampled tokens back; ``new_token_ids`` carries only tokens the runner did
-not produce itself (e.g. speculative draft tokens, later).
+not produce itself; draft tokens to verify come in ``scheduled_spec_token_ids``.
 
 Per step, for each scheduled request, ``num_computed_tokens`` is how many of its tokens already
 have K/V in the cache (their blocks are in its block table) and ``num_scheduled_tokens[req_id]``
@@ -71,6 +71,9 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = dataclasses.field(default_factory=set)
     kv_transfers: tuple[BlockTransfer, ...] = ()
+    scheduled_spec_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Draft tokens to verify, per request: its ``num_scheduled_tokens`` counts them after its
+    one new token (speculative decoding)."""
 
     @classmethod
     def empty(cls) -> "SchedulerOutput":

@@ -18,6 +18,7 @@ from octavo.sched.batch_delta import BatchDeltaBuilder
 from octavo.sched.forks import ChildForks
 from octavo.sched.output import SchedulerOutput
 from octavo.sched.request_queue import make_queue, preemption_order_key
+from octavo.spec_decode.stats import SpecDecodeStats
 
 
 @dataclasses.dataclass(slots=True)
@@ -40,6 +41,7 @@ class _StepPlan:
     token_budget: int
     num_scheduled_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     scheduled: list[Request] = dataclasses.field(default_factory=list)
+    spec_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     num_preempted: int = 0
 
 
@@ -56,6 +58,8 @@ class Scheduler:
         self.forks = ChildForks(kv_cache_manager)
         self.deltas = BatchDeltaBuilder(kv_cache_manager)
         self.stats = SchedulerStats()
+        self.spec_stats = SpecDecodeStats()
+        self._num_scheduled_drafts: dict[str, int] = {}  # of the step in flight
 
     # --- requests in and out ----------------------------------------------------------------
 
@@ -111,8 +115,11 @@ class Scheduler:
             self._schedule_waiting(plan)
         self._settle_forks()  # a prefix hit may have released children waiting to fork
         output = self.deltas.build(plan.scheduled, plan.num_scheduled_tokens)
+        output.scheduled_spec_token_ids = plan.spec_token_ids
+        self._num_scheduled_drafts = {r: len(d) for r, d in plan.spec_token_ids.items()}
         for request in plan.scheduled:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
+            request.spec_token_ids = []  # sent, or trimmed away: the proposer drafts afresh
         self._update_stats(plan)
         return output
 
@@ -127,11 +134,37 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this pass
             num_new = self._num_new_tokens(request, plan.token_budget)
+            drafts = self._drafts(request, num_new, plan.token_budget)
+            num_new += len(drafts)
             if num_new > 0 and self._allocate_or_preempt(request, num_new, plan):
                 self._admit(request, num_new, plan)
+                if drafts:
+                    plan.spec_token_ids[request.request_id] = drafts
+
+    def _drafts(self, request: Request, num_new: int, token_budget: int) -> list[int]:
+        """The request's drafts this step: only when its one new token is scheduled, trimmed to
+        the token budget, the context (``max_model_len``) and what ``max_tokens`` leaves."""
+        drafts = request.spec_token_ids
+        if not drafts or num_new != 1 or request.num_tokens - request.num_computed_tokens != 1:
+            return []
+        k = min(len(drafts), token_budget - 1)
+        if self.config.max_model_len is not None:
+            k = min(k, self.config.max_model_len - request.num_tokens)
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            k = min(k, max_tokens - request.num_output_tokens - 1)
+        return drafts[: max(k, 0)]
+
+    def _lookahead(self, num_computed: int, num_new: int) -> int:
+        """KV slots past the scheduled tokens for a draft model's drafts, within the context."""
+        lookahead, max_model_len = self.config.num_lookahead_tokens, self.config.max_model_len
+        if not lookahead or max_model_len is None:
+            return lookahead
+        return max(0, min(lookahead, max_model_len - num_computed - num_new))
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
-        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+        lookahead = self._lookahead(request.num_computed_tokens, num_new)
+        while self.kv_cache_manager.allocate_slots(request, num_new, (), 0, lookahead) is None:
             victim = max(self.running, key=preemption_order_key)
             self._preempt(victim, plan)
             if victim is request:
@@ -143,6 +176,8 @@ class Scheduler:
         if request.request_id in plan.num_scheduled_tokens:
             plan.token_budget += plan.num_scheduled_tokens.pop(request.request_id)
             plan.scheduled.remove(request)
+            plan.spec_token_ids.pop(request.request_id, None)
+        request.spec_token_ids = []  # drafts never outlive the KV they were drafted on
         plan.num_preempted += 1
         self.stats.num_preempted_total += 1
         if (
@@ -170,7 +205,12 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             num_new = self._num_new_tokens(request, plan.token_budget)
-            if num_new > 0 and self.kv_cache_manager.allocate_slots(request, num_new) is not None:
+            lookahead = self._lookahead(request.num_computed_tokens, num_new)
+            if (
+                num_new > 0
+                and self.kv_cache_manager.allocate_slots(request, num_new, (), 0, lookahead)
+                is not None
+            ):
                 self._admit(request, num_new, plan)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -186,7 +226,8 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
                 return
             num_new = self.forks.cap(request, min(num_new, plan.token_budget), num_cached)
-            if kv.allocate_slots(request, num_new, computed_blocks, num_cached) is None:
+            lookahead = self._lookahead(num_cached, num_new)
+            if kv.allocate_slots(request, num_new, computed_blocks, num_cached, lookahead) is None:
                 return
             self.waiting.pop()
             request.num_computed_tokens = num_cached
@@ -215,6 +256,7 @@ class Scheduler:
         for request in reversed(self.running + self.swapped):
             self.kv_cache_manager.free(request)
             request.num_computed_tokens = 0
+            request.spec_token_ids = []
             request.status = RequestStatus.PREEMPTED
             self.waiting.prepend(request)
             self.stats.num_preempted_total += 1
@@ -225,12 +267,32 @@ class Scheduler:
 
     # --- after the step ---------------------------------------------------------------------
 
-    def update_from_output(self, sampled_token_ids: dict[str, list[int]]) -> None:
-        """Append each request's sampled tokens (the runner appended them to its own copy)."""
+    def update_from_output(
+        self,
+        sampled_token_ids: dict[str, list[int]],
+        spec_token_ids: Optional[dict[str, list[int]]] = None,
+    ) -> None:
+        """Append each request's sampled tokens (the runner appended them to its own copy). A
+        request that verified ``k`` drafts got its accepted ones and one more token: its
+        ``num_computed_tokens`` rolls back by the rejected ``k + 1 - len(tokens)``, whose KV was
+        computed for tokens it does not have. ``spec_token_ids`` are the next step's drafts."""
         requests = self.requests
+        num_drafts = self._num_scheduled_drafts
         for request_id, token_ids in sampled_token_ids.items():
             request = requests.get(request_id)
-            if request is not None and token_ids:
-                request.append_output_token_ids(token_ids)
+            if request is None or not token_ids:
+                continue
+            k = num_drafts.get(request_id, 0)
+            if k:
+                num_rejected = k + 1 - len(token_ids)
+                request.num_computed_tokens -= num_rejected
+                self.kv_cache_manager.release_unused_slots(request, num_rejected)
+                self.spec_stats.observe(k, k - num_rejected)
+            request.append_output_token_ids(token_ids)
+        self._num_scheduled_drafts = {}
+        for request_id, drafts in (spec_token_ids or {}).items():
+            request = requests.get(request_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                request.spec_token_ids = drafts
         self.forks.fork_ready(room=self.config.max_num_seqs - len(self.running))
         self._settle_forks()

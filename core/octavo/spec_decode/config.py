@@ -1,0 +1,137 @@
+"""``speculative_config``: vLLM's dict (``LLM(..., speculative_config={...})``, ``octavo serve
+--speculative-config JSON``), checked once into a frozen :class:`SpeculativeConfig`.
+
+What needs the target model (a draft model's vocabulary and tokenizer) is checked by
+:func:`check_draft_model` when the engine has read the target's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from octavo.errors import ConfigError
+
+METHODS = ("ngram", "draft_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """How drafts are proposed and how many per step.
+
+    ``num_speculative_tokens`` (K) is the most drafts a request is scheduled each step.
+    ``ngram`` proposes the continuation of the longest earlier match of the request's last
+    ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens; ``draft_model`` runs ``model``, a
+    smaller model of the same tokenizer. ``disable_by_batch_size``: no drafts are proposed in a
+    step whose batch holds at least this many requests (None: always propose).
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
+    model: Optional[str] = None
+    disable_by_batch_size: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, value: Union[None, str, Mapping[str, Any], "SpeculativeConfig"]):
+        """A SpeculativeConfig from vLLM's dict (or its JSON text); None stays None."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ConfigError(f"speculative_config is not valid JSON ({exc})") from None
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                "speculative_config must be a dict like "
+                '{"method": "ngram", "num_speculative_tokens": 4}; '
+                f"got {type(value).__name__}"
+            )
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"speculative_config.{unknown[0]} is not a known field; known: {', '.join(fields)}"
+            )
+        for name in ("method", "num_speculative_tokens"):
+            if name not in value:
+                raise ConfigError(f"speculative_config.{name} is required")
+        values = dict(value)
+        if values["method"] == "ngram":
+            # vLLM's rule: one bound given stands for both when the other is missing.
+            if "prompt_lookup_max" in values and "prompt_lookup_min" not in values:
+                values["prompt_lookup_min"] = values["prompt_lookup_max"]
+            if "prompt_lookup_min" in values and "prompt_lookup_max" not in values:
+                values["prompt_lookup_max"] = values["prompt_lookup_min"]
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(
+                f"speculative_config.method must be one of {', '.join(METHODS)}; "
+                f"got {self.method!r}"
+            )
+        _positive("num_speculative_tokens", self.num_speculative_tokens)
+        if self.disable_by_batch_size is not None:
+            _positive("disable_by_batch_size", self.disable_by_batch_size)
+        if self.method == "ngram":
+            _positive("prompt_lookup_min", self.prompt_lookup_min)
+            _positive("prompt_lookup_max", self.prompt_lookup_max)
+            if self.prompt_lookup_min > self.prompt_lookup_max:
+                raise ConfigError(
+                    f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                    f"prompt_lookup_max ({self.prompt_lookup_max})"
+                )
+            if self.model is not None:
+                raise ConfigError(
+                    "speculative_config.model is for method 'draft_model'; "
+                    "the ngram method uses no model"
+                )
+        else:
+            if not self.model:
+                raise ConfigError(
+                    "speculative_config.model is required for method 'draft_model': "
+                    "the local folder of a smaller model with the target's tokenizer"
+                )
+            path = Path(self.model).expanduser()
+            if not (path / "config.json").is_file():
+                raise ConfigError(
+                    f"speculative_config.model {self.model!r} is not a model folder "
+                    "(no config.json there); give the local folder of the draft model"
+                )
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"speculative_config.{name} must be an integer >= 1; got {value!r}")
+
+
+def check_draft_model(
+    draft_vocab_size: int,
+    target_vocab_size: int,
+    draft_tokenizer_files: Mapping[str, bytes],
+    target_tokenizer_files: Mapping[str, bytes],
+) -> None:
+    """A draft model must score the target's vocabulary with the target's tokenizer: the same
+    vocabulary size and the same tokenizer files (their bytes, where both folders hold one)."""
+    if draft_vocab_size != target_vocab_size:
+        raise ConfigError(
+            f"speculative_config.model has a vocabulary of {draft_vocab_size} tokens but the "
+            f"target's has {target_vocab_size}; the draft model must share the target's tokenizer"
+        )
+    for name in sorted(set(draft_tokenizer_files) & set(target_tokenizer_files)):
+        if draft_tokenizer_files[name] != target_tokenizer_files[name]:
+            raise ConfigError(
+                f"speculative_config.model's {name} differs from the target model's; "
+                "the draft model must share the target's tokenizer"
+            )
+    if not set(draft_tokenizer_files) & set(target_tokenizer_files):
+        raise ConfigError(
+            "speculative_config.model has none of the target's tokenizer files "
+            f"({', '.join(sorted(target_tokenizer_files)) or 'none found'}); "
+            "the draft model must share the target's tokenizer"
+        )

@@ -1,0 +1,161 @@
+"""The draft-model proposer: a smaller model of the target's tokenizer proposes K tokens.
+
+Its KV lives in caches of its own that share the target's block ids, block tables and slot
+mapping (its layers are part of the runner's KV caches, so they are sized, copied on write and
+swapped with the target's). Each step it first runs on the step's own tokens, the same flat
+batch as the target, so its KV follows every prefill chunk and every verified position; a
+rejected draft's slot is written again when the position next holds a token. After
+verification it decodes K tokens from each request's newest token, one batched single-token
+forward per draft, into the lookahead slots the scheduler allocated (``num_lookahead_tokens``).
+
+Drafts are sampled from the draft model's distribution under the request's own temperature,
+top-k, top-p and min-p (greedy requests take its argmax); those probabilities are kept for the
+verifier's accept test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from octavo.model_executor.model_config import ModelConfig
+from octavo.models.layers.attention import Attention
+from octavo.ops import reference
+from octavo.platform.types import AttentionMetadata
+from octavo.spec_decode.config import SpeculativeConfig, check_draft_model
+from octavo.spec_decode.proposer import ProposeContext
+from octavo.spec_decode.verifier import target_distribution
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def tokenizer_files(folder: Path) -> dict[str, bytes]:
+    """The bytes of the tokenizer files a model folder holds (those that define the vocabulary)."""
+    return {
+        name: (folder / name).read_bytes() for name in TOKENIZER_FILES if (folder / name).is_file()
+    }
+
+
+class DraftModelProposer:
+    """``speculative_config.method == "draft_model"``."""
+
+    needs_lookahead_slots = True
+
+    def __init__(self, config: SpeculativeConfig, runner: Any):
+        target = runner.model_config
+        self.model_config = ModelConfig.from_folder(
+            config.model,
+            dtype=target.dtype,
+            supported_dtypes=runner.platform.capabilities.dtypes,
+            platform_name=runner.platform.name,
+            max_model_len=target.max_model_len,
+        )
+        check_draft_model(
+            self.model_config.vocab_size,
+            target.vocab_size,
+            tokenizer_files(self.model_config.model_path),
+            tokenizer_files(target.model_path),
+        )
+        self.model, self.forward = runner.build_model(self.model_config)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.k = config.num_speculative_tokens
+        self.block_size = runner.block_size
+        self.device = runner.device
+        self.max_model_len = target.max_model_len
+        self._probs: dict[str, torch.Tensor] = {}  # req id -> [k, V] probs of its drafts
+
+    def forward_step(self, step: Any) -> None:
+        """Write the draft's KV for the step's tokens (the target's flat batch)."""
+        self.forward(step.input_ids, step.positions, step.attn_metadata)
+
+    def propose(self, context: ProposeContext) -> tuple[np.ndarray, np.ndarray]:
+        batch, rows = context.batch, context.rows
+        positions = batch.num_tokens[rows].astype(np.int64) - 1  # the newest token: no KV yet
+        num_drafts = np.clip(np.minimum(self.k, self.max_model_len - 1 - positions), 0, None)
+        tokens = batch.token_ids[rows, positions].astype(np.int64)
+        drafts = np.zeros((len(rows), self.k), dtype=np.int64)
+        probs = None
+        if batch.temperature[rows].any():
+            probs = torch.zeros(len(rows), self.k, self.model_config.vocab_size, device=self.device)
+        active = np.arange(len(rows))
+        for j in range(self.k):
+            active = active[num_drafts[active] > j]
+            if len(active) == 0:
+                break
+            position = positions[active] + j
+            sampled, q = self._decode_one(
+                batch, rows[active], tokens[active], position, context.process_logits
+            )
+            tokens[active] = sampled
+            drafts[active, j] = sampled
+            batch.token_ids[rows[active], position + 1] = sampled  # seen by the processors
+            if probs is not None:
+                probs[torch.from_numpy(active).to(self.device), j] = q
+        if probs is not None:
+            req_ids = batch.req_ids
+            for i in np.flatnonzero(num_drafts).tolist():
+                self._probs[req_ids[rows[i]]] = probs[i]
+        return drafts, num_drafts
+
+    def _decode_one(self, batch, rows, tokens, positions, process_logits):
+        """One single-token forward for batch rows ``rows`` (their tokens ``tokens`` at
+        ``positions``): their next drafts and the draft's probabilities for them (0 for greedy
+        rows), after the request's own logits processors."""
+        device = self.device
+        metadata = batch.sampling_metadata(rows)
+        attn = self._decode_metadata(batch, rows, positions)
+        hidden = self.forward(
+            torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), attn
+        )
+        logits = self.model.compute_logits(hidden).float()
+        if process_logits is not None:  # a draft whose processing fails is only a worse draft
+            logits = process_logits(logits, rows, positions + 1, {})
+        if metadata.all_greedy:
+            return logits.argmax(dim=-1).cpu().numpy(), 0.0
+        q = target_distribution(logits, metadata, torch.arange(len(rows), device=device))
+        noise = reference.exponential_noise(q.shape, metadata, device)
+        temperature = metadata.temperature
+        sampled = torch.where(temperature > 0, (q / noise).argmax(dim=-1), logits.argmax(dim=-1))
+        q = torch.where((temperature > 0).unsqueeze(1), q, 0.0)
+        return sampled.cpu().numpy(), q
+
+    def _decode_metadata(self, batch, rows, positions) -> AttentionMetadata:
+        bs, device = self.block_size, self.device
+        seq_lens = positions + 1
+        num_cols = -(-int(seq_lens.max()) // bs)
+        block_table = batch.block_table[rows, :num_cols]
+        slots = block_table[np.arange(len(rows)), positions // bs].astype(np.int64) * bs
+        return AttentionMetadata(
+            query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
+            block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(device),
+            slot_mapping=torch.from_numpy(slots + positions % bs).to(device),
+            max_query_len=1,
+            max_seq_len=int(seq_lens.max()),
+            num_actual_tokens=len(rows),
+        )
+
+    def draft_probs(
+        self, batch: Any, rows: np.ndarray, num_drafts: np.ndarray
+    ) -> Optional[torch.Tensor]:
+        """``[sum(num_drafts), V]`` the probabilities ``rows``' drafts were drawn from (zeros for
+        greedy requests, whose verification reads none); None when every request is greedy."""
+        req_ids = batch.req_ids
+        pieces, any_random = [], False
+        for row, k in zip(rows.tolist(), num_drafts.tolist()):
+            probs = self._probs.pop(req_ids[row], None)
+            if k == 0:
+                continue
+            if probs is None:
+                probs = torch.zeros(k, self.model_config.vocab_size, device=self.device)
+            else:
+                any_random = True
+            pieces.append(probs[:k])
+        return torch.cat(pieces) if any_random else None
+
+    def forget(self, req_ids) -> None:
+        for req_id in req_ids:
+            self._probs.pop(req_id, None)

@@ -1,0 +1,111 @@
+"""The runner's side of speculative decoding: the scheduled drafts placed after each request's
+tokens, their verification once the target has scored them, and the next step's proposals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from octavo.errors import ConfigError
+from octavo.model_executor.logprobs import emitted_logprobs
+from octavo.platform.types import RejectionSamplerFn
+from octavo.spec_decode.config import SpeculativeConfig
+from octavo.spec_decode.draft_model import DraftModelProposer
+from octavo.spec_decode.ngram import NgramProposer
+from octavo.spec_decode.proposer import ProposeContext, Proposer
+from octavo.spec_decode.verifier import DraftVerifier, positions_per_row, ragged_index
+
+if TYPE_CHECKING:
+    from octavo.model_executor.input_batch import InputBatch
+    from octavo.model_executor.step_inputs import StepInputs
+
+
+def make_proposer(config: SpeculativeConfig, runner: Any) -> Proposer:
+    """The proposer ``config.method`` names, built for ``runner`` (a ModelRunner)."""
+    if config.method == "ngram":
+        return NgramProposer(
+            config.prompt_lookup_min, config.prompt_lookup_max, config.num_speculative_tokens
+        )
+    if config.method == "draft_model":
+        return DraftModelProposer(config, runner)
+    raise ConfigError(f"speculative_config.method {config.method!r} has no proposer")
+
+
+class Speculation:
+    """Drafts in, verified tokens and new drafts out, for one ModelRunner."""
+
+    def __init__(
+        self, config: SpeculativeConfig, runner: Any, rejection_sampler: RejectionSamplerFn
+    ):
+        self.config = config
+        self.proposer = make_proposer(config, runner)
+        self.verifier = DraftVerifier(rejection_sampler)
+        self.max_batch_to_propose = (config.disable_by_batch_size or (1 << 62)) - 1
+
+    def place_drafts(self, batch: "InputBatch", spec_token_ids: dict[str, list[int]]):
+        """Write each request's drafts after its tokens in the batch (its ``num_tokens`` does
+        not count them); returns ``[R]`` drafts per row."""
+        num_drafts = np.zeros(batch.num_reqs, dtype=np.int64)
+        for req_id, drafts in spec_token_ids.items():
+            row = batch.req_id_to_index[req_id]
+            start = int(batch.num_tokens[row])
+            batch.token_ids[row, start : start + len(drafts)] = drafts
+            num_drafts[row] = len(drafts)
+        return num_drafts
+
+    def draft_token_ids(
+        self, batch: "InputBatch", rows: np.ndarray, num_drafts: np.ndarray, device
+    ) -> torch.Tensor:
+        """``[N]`` the drafts of ``rows``, flat in row order."""
+        row, offset = ragged_index(num_drafts[rows])
+        flat = batch.token_ids[rows[row], batch.num_tokens[rows[row]] + offset]
+        return torch.from_numpy(flat.astype(np.int64)).to(device)
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        batch: "InputBatch",
+        rows: np.ndarray,
+        step: "StepInputs",
+        process_logits: Callable[..., torch.Tensor],
+        failed: dict[str, str],
+    ):
+        """Rows verifying drafts: ``(tokens [S, max_k + 1] -1 padded, logprobs per row)``.
+        ``logits [sum(k + 1), V]`` are the target's at each row's draft and bonus positions;
+        the logits processors see each position with the drafts before it."""
+        num_drafts = step.num_drafts[rows]
+        row, offset = positions_per_row(num_drafts)
+        num_logprobs = batch.num_logprobs[rows]
+        raw_logits = logits.clone() if (num_logprobs >= 0).any() else logits
+        logits = process_logits(logits, rows[row], batch.num_tokens[rows[row]] + offset, failed)
+        out = self.verifier(
+            logits,
+            batch.sampling_metadata(rows),
+            num_drafts,
+            step.draft_token_ids,
+            self.proposer.draft_probs(batch, rows, num_drafts),
+        )
+        # A row with a position where no token is left (every logit -inf) samples nothing.
+        no_token = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
+        no_token.index_put_(
+            (torch.from_numpy(row).to(logits.device),),
+            ~torch.isfinite(logits).any(dim=1),
+            accumulate=True,
+        )
+        tokens = out.masked_fill(no_token.unsqueeze(1), -1).cpu().numpy()  # the step's one sync
+        return tokens, emitted_logprobs(raw_logits, tokens, num_drafts, num_logprobs)
+
+    def propose(self, context: ProposeContext) -> dict[str, list[int]]:
+        """The next step's drafts for ``context.rows`` (those that sampled), none when the batch
+        holds ``disable_by_batch_size`` requests or more."""
+        batch, rows = context.batch, context.rows
+        if len(rows) == 0 or batch.num_reqs > self.max_batch_to_propose:
+            return {}
+        drafts, num_drafts = self.proposer.propose(context)
+        req_ids = batch.req_ids
+        return {
+            req_ids[rows[i]]: drafts[i, : num_drafts[i]].tolist()
+            for i in np.flatnonzero(num_drafts).tolist()
+        }

@@ -1,0 +1,26 @@
+"""Fixtures for speculative decoding: a tiny target, a smaller draft of its tokenizer, and one
+torch thread for tiny shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from spec_helpers import DRAFT, TARGET  # a unique module name: every test folder has a conftest
+
+from octavo.testing.tiny_models import write_tiny_model
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _tiny_shapes_on_one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (``one_torch_thread`` in tests/conftest.py)."""
+
+
+@pytest.fixture(scope="session")
+def target_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("spec_target") / "llama", TARGET)
+
+
+@pytest.fixture(scope="session")
+def draft_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("spec_draft") / "llama", DRAFT)

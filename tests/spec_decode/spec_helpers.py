@@ -1,0 +1,93 @@
+"""Workloads and engines the speculative-decoding tests share."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Optional
+
+from pool_checks import assert_pool_clean  # noqa: F401  (re-exported for the tests here)
+
+from octavo import LLM, SamplingParams
+from octavo.testing.tiny_models import TinyModelSpec
+
+TARGET = TinyModelSpec(
+    "LlamaForCausalLM",
+    hidden_size=64,
+    num_hidden_layers=2,
+    vocab_size=512,
+    max_position_embeddings=640,
+    seed=7,
+)
+DRAFT = TinyModelSpec(
+    "LlamaForCausalLM",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=512,
+    max_position_embeddings=640,
+    seed=8,
+)
+
+
+def mixed_prompts(num: int = 36, seed: int = 0, vocab_size: int = 512) -> list[list[int]]:
+    """Two thirds random prompts in families sharing 0-40-token prefixes, one third repetitive
+    ones (a phrase repeated with changes) where n-gram lookup finds long matches."""
+    rng = random.Random(seed)
+    prefixes = [[1] + [rng.randrange(3, vocab_size) for _ in range(n)] for n in (0, 17, 33, 40)]
+    prompts = []
+    for i in range(num):
+        if i % 3 == 2:
+            phrase = [rng.randrange(3, vocab_size) for _ in range(rng.randrange(3, 9))]
+            prompt = []
+            for _ in range(rng.randrange(3, 6)):
+                copy = list(phrase)
+                copy[rng.randrange(len(copy))] = rng.randrange(3, vocab_size)
+                prompt += copy
+        else:
+            prompt = prefixes[i % 4] + [
+                rng.randrange(3, vocab_size) for _ in range(rng.randrange(3, 50))
+            ]
+        prompts.append(prompt)
+    return prompts
+
+
+def mixed_params(num: int, seed: int = 0, **overrides) -> list[SamplingParams]:
+    """Greedy params with 8-40 new tokens, half ignoring EOS."""
+    rng = random.Random(seed)
+    return [
+        SamplingParams(
+            **{
+                "temperature": 0.0,
+                "max_tokens": rng.randrange(8, 41),
+                "ignore_eos": bool(i % 2),
+                **overrides,
+            }
+        )
+        for i in range(num)
+    ]
+
+
+def make_llm(model: Path, speculative_config: Optional[dict] = None, **engine_args) -> LLM:
+    engine_args.setdefault("kv_cache_memory", "8MiB")
+    engine_args.setdefault("max_num_seqs", 64)
+    engine_args.setdefault("max_num_batched_tokens", 512)
+    return LLM(str(model), speculative_config=speculative_config, **engine_args)
+
+
+def generate(llm: LLM, prompts, params) -> list:
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def ngram(k: int = 4, **extra) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, **extra}
+
+
+def draft(path: Path, k: int = 3, **extra) -> dict:
+    return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k, **extra}

@@ -1,0 +1,168 @@
+"""Lossless greedy speculation: with n-gram or draft-model drafts, every request gets exactly the
+tokens of decoding without speculation — batched, with prefix caching, with chunked prefill at
+small budgets, under heavy preemption (recompute and swap) — and every block is free after."""
+
+from __future__ import annotations
+
+import pytest
+from spec_helpers import (
+    assert_pool_clean,
+    draft,
+    generate,
+    make_llm,
+    mixed_params,
+    mixed_prompts,
+    ngram,
+    token_ids,
+)
+
+from octavo import SamplingParams
+
+PROMPTS = mixed_prompts(36, seed=3)
+PARAMS = mixed_params(len(PROMPTS), seed=3)
+
+ENGINES = {
+    "batched": dict(enable_prefix_caching=False),
+    "prefix-cache-chunk16": dict(enable_prefix_caching=True, max_num_batched_tokens=16),
+    "chunk-7": dict(enable_prefix_caching=True, max_num_batched_tokens=7),
+    "recompute": dict(kv_cache_memory=48 * 8192, max_num_batched_tokens=256),
+    "swap": dict(
+        kv_cache_memory=48 * 8192,
+        max_num_batched_tokens=256,
+        preemption_mode="swap",
+        swap_space=0.02,
+    ),
+    "block-1": dict(block_size=1, max_num_batched_tokens=64),
+}
+
+
+@pytest.fixture(scope="module")
+def baseline(target_model) -> list[list[int]]:
+    return token_ids(generate(make_llm(target_model), PROMPTS, PARAMS))
+
+
+@pytest.fixture(scope="module", params=["ngram", "draft-model", "self-draft"])
+def spec(request, target_model, draft_model) -> tuple[str, dict]:
+    """The proposer: n-gram, a smaller random draft (mostly rejected), the target itself as its
+    own draft (mostly accepted)."""
+    name = request.param
+    if name == "ngram":
+        return name, ngram(4)
+    return name, draft(draft_model if name == "draft-model" else target_model, 3)
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_speculation_gives_the_tokens_of_plain_decoding(target_model, baseline, spec, engine):
+    name, config = spec
+    engine_args = dict(ENGINES[engine])
+    if name != "ngram" and "kv_cache_memory" in engine_args:
+        engine_args["kv_cache_memory"] *= 2  # the draft's KV shares each block
+    llm = make_llm(target_model, config, **engine_args)
+    assert token_ids(generate(llm, PROMPTS, PARAMS)) == baseline
+    assert_pool_clean(llm)
+    stats = llm.engine.core.scheduler.spec_stats
+    assert stats.num_draft_tokens > 0
+    if name != "draft-model":
+        assert stats.num_accepted_tokens > 0.2 * stats.num_draft_tokens
+    if engine in ("recompute", "swap"):
+        scheduler_stats = llm.engine.core.scheduler.stats
+        assert scheduler_stats.num_preempted_total > 0
+        if engine == "swap":
+            assert scheduler_stats.num_swapped_out_total > 0
+
+
+def test_stops_and_max_tokens_cut_accepted_drafts_as_without_speculation(target_model):
+    """A stop token or string inside accepted drafts ends the output there; max_tokens holds."""
+    plain = make_llm(target_model)
+    spec = make_llm(target_model, ngram(5))
+    free = token_ids(generate(plain, PROMPTS, mixed_params(len(PROMPTS), ignore_eos=True)))
+    # For each request, a token from the middle of its free-running output becomes its stop.
+    params = []
+    for i, tokens in enumerate(free):
+        stop = {"stop_token_ids": [tokens[len(tokens) // 2]]} if i % 2 else {}
+        if i % 3 == 0:
+            text = plain.get_tokenizer().decode(tokens[len(tokens) // 3 : len(tokens) // 3 + 2])
+            stop["stop"] = [text] if text.strip() else None
+        params.append(SamplingParams(temperature=0.0, max_tokens=5 + i, **stop))
+    expected, got = generate(plain, PROMPTS, params), generate(spec, PROMPTS, params)
+    for e, g, p in zip(expected, got, params):
+        assert g.outputs[0].token_ids == e.outputs[0].token_ids
+        assert g.outputs[0].text == e.outputs[0].text
+        assert g.outputs[0].finish_reason == e.outputs[0].finish_reason
+        assert g.outputs[0].stop_reason == e.outputs[0].stop_reason
+        assert len(g.outputs[0].token_ids) <= p.max_tokens
+    assert spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    assert_pool_clean(spec)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(repetition_penalty=1.3),
+        dict(frequency_penalty=0.7, presence_penalty=0.4),
+        dict(logit_bias={17: 3.0, 99: -100.0}),
+        dict(min_tokens=6, stop_token_ids=[275]),  # 275: a token the model repeats early
+    ],
+    ids=["repetition", "frequency-presence", "logit-bias", "min-tokens"],
+)
+def test_penalties_apply_at_every_draft_position(target_model, draft_model, overrides):
+    params = mixed_params(len(PROMPTS), seed=5, **overrides)
+    expected = token_ids(generate(make_llm(target_model), PROMPTS, params))
+    for config in (ngram(4), draft(target_model, 3)):
+        llm = make_llm(target_model, config)
+        assert token_ids(generate(llm, PROMPTS, params)) == expected
+    # The target drafting for itself (without the penalties) still has drafts accepted; n-gram
+    # finds few matches once penalties stop the tiny model repeating itself.
+    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_logprobs_of_emitted_tokens_match_plain_decoding(target_model):
+    params = mixed_params(len(PROMPTS), seed=6, logprobs=3)
+    expected = generate(make_llm(target_model), PROMPTS, params)
+    llm = make_llm(target_model, ngram(4))
+    got = generate(llm, PROMPTS, params)
+    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    for e, g in zip(expected, got):
+        e_out, g_out = e.outputs[0], g.outputs[0]
+        assert g_out.token_ids == e_out.token_ids
+        assert len(g_out.logprobs) == len(g_out.token_ids)
+        for e_pos, g_pos in zip(e_out.logprobs, g_out.logprobs):
+            assert list(g_pos) == list(e_pos)  # same top tokens, same order
+            for token in e_pos:
+                assert g_pos[token].rank == e_pos[token].rank
+                assert g_pos[token].logprob == pytest.approx(e_pos[token].logprob, abs=1e-4)
+
+
+def test_a_request_at_the_context_limit_is_never_scheduled_past_it(target_model):
+    """Drafts are trimmed to max_model_len: a repetitive request running into the limit ends
+    there, with the tokens of plain decoding."""
+    prompt = [5, 6, 7, 8] * 12
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    expected = token_ids(generate(make_llm(target_model, max_model_len=64), [prompt], params))
+    llm = make_llm(target_model, ngram(6), max_model_len=64)
+    got = generate(llm, [prompt], params)
+    assert token_ids(got) == expected and len(expected[0]) == 64 - len(prompt)
+    assert got[0].outputs[0].finish_reason == "length"
+    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    assert_pool_clean(llm)
+
+
+def test_n_greater_than_one_speculates_per_child(target_model):
+    params = SamplingParams(n=3, temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = PROMPTS[:8]
+    expected = generate(make_llm(target_model), prompts, params)
+    llm = make_llm(target_model, ngram(4))
+    got = generate(llm, prompts, params)
+    for e, g in zip(expected, got):
+        assert [c.token_ids for c in g.outputs] == [c.token_ids for c in e.outputs]
+    assert_pool_clean(llm)
+
+
+def test_beam_search_runs_with_speculation(target_model):
+    from octavo.entrypoints.beam_search import BeamSearchParams
+
+    params = BeamSearchParams(beam_width=3, max_tokens=8)
+    prompt = {"prompt_token_ids": PROMPTS[2]}
+    expected = make_llm(target_model).beam_search([prompt], params)
+    got = make_llm(target_model, ngram(4)).beam_search([prompt], params)
+    assert [s.tokens for s in got[0].sequences] == [s.tokens for s in expected[0].sequences]
