@@ -92,3 +92,27 @@ def test_bench_latency_times_every_step(bench_model, tmp_path):
     assert result["steps_per_batch"] == 6
     assert 0 < result["step_p50_ms"] <= result["step_p99_ms"]
     assert result["latency_p50_ms"] > result["first_step_p50_ms"]
+
+
+def test_bench_throughput_and_latency_report_acceptance_with_speculation(
+    bench_model, tmp_path, capsys
+):
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", str(bench_model), "--num-prompts", "6", "--input-len", "8",
+            "24", "--output-len", "24", "24", "--disable-tqdm", "--output-json", str(out),
+            "--speculative-config", spec, *ENGINE]  # fmt: skip
+    assert main(argv) == 0
+    assert "spec_mean_acceptance_length" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["output_tokens"] == 6 * 24 and result["spec_method"] == "ngram"
+    assert result["spec_num_draft_tokens"] >= result["spec_num_accepted_tokens"] > 0
+    assert result["spec_mean_acceptance_length"] == 1 + (
+        result["spec_num_accepted_tokens"] / result["spec_num_drafts"]
+    )
+    out = tmp_path / "latency.json"
+    argv = ["bench", "latency", str(bench_model), "--batch-size", "2", "--input-len", "8",
+            "--output-len", "16", "--num-iters", "1", "--num-iters-warmup", "0",
+            "--output-json", str(out), "--speculative-config", spec, *ENGINE]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["spec_num_drafts"] > 0

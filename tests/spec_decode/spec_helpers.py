@@ -86,7 +86,8 @@ def token_ids(outputs) -> list[list[int]]:
 
 
 def ngram(k: int = 4, **extra) -> dict:
-    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, **extra}
+    lookup = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    return {"method": "ngram", "num_speculative_tokens": k, **lookup, **extra}
 
 
 def draft(path: Path, k: int = 3, **extra) -> dict:

@@ -24,6 +24,8 @@ def test_the_dict_and_its_json_text_give_the_same_config():
     # vLLM's rule: one lookup bound given stands for both
     assert (from_dict.prompt_lookup_min, from_dict.prompt_lookup_max) == (5, 5)
     assert EngineArgs().speculative_config is None
+    default = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2})
+    assert (default.prompt_lookup_min, default.prompt_lookup_max) == (5, 5)  # vLLM's
 
 
 @pytest.mark.parametrize(
@@ -72,7 +74,7 @@ def test_the_cli_flag_reads_vllm_json():
         ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
     )
     config = EngineArgs.from_cli_args(args).speculative_config
-    assert config == SpeculativeConfig("ngram", 3)
+    assert config == SpeculativeConfig("ngram", 3, prompt_lookup_min=5, prompt_lookup_max=5)
 
 
 def _draft_config(path) -> dict:

@@ -63,7 +63,7 @@ def test_speculation_gives_the_tokens_of_plain_decoding(target_model, baseline, 
     stats = llm.engine.core.scheduler.spec_stats
     assert stats.num_draft_tokens > 0
     if name != "draft-model":
-        assert stats.num_accepted_tokens > 0.2 * stats.num_draft_tokens
+        assert stats.num_accepted_tokens > 0.1 * stats.num_draft_tokens
     if engine in ("recompute", "swap"):
         scheduler_stats = llm.engine.core.scheduler.stats
         assert scheduler_stats.num_preempted_total > 0
@@ -166,3 +166,35 @@ def test_beam_search_runs_with_speculation(target_model):
     expected = make_llm(target_model).beam_search([prompt], params)
     got = make_llm(target_model, ngram(4)).beam_search([prompt], params)
     assert [s.tokens for s in got[0].sequences] == [s.tokens for s in expected[0].sequences]
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("method", ["ngram", "self-draft"])
+def test_stories260k_reference_continuations_with_speculation(stories260k_path, method):
+    """The real trained model's recorded greedy continuations, unchanged by speculation."""
+    import json
+
+    reference = json.loads((stories260k_path / "reference_outputs.json").read_text())
+    cases = [(r["prompt_ids"], r["new_ids"]) for r in reference["reference_outputs"]]
+    for key in ("bos_greedy200", "once_upon_100"):
+        cases.append((reference[key]["prompt_ids"], reference[key]["new_ids"]))
+    config = ngram(4) if method == "ngram" else draft(stories260k_path, 3)
+    llm = make_llm(stories260k_path, config, max_num_batched_tokens=64)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=len(expected), ignore_eos=True)
+        for _, expected in cases
+    ]
+    assert token_ids(generate(llm, [p for p, _ in cases], params)) == [e for _, e in cases]
+    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    assert_pool_clean(llm)
+
+
+def test_a_seeded_request_samples_the_same_tokens_alone_and_in_a_batch(target_model, draft_model):
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=32, ignore_eos=True)
+    others = mixed_params(12, seed=9, temperature=1.0)
+    for config in (ngram(4), draft(draft_model, 3)):
+        alone = token_ids(generate(make_llm(target_model, config), [PROMPTS[2]], seeded))
+        llm = make_llm(target_model, config)
+        batch = generate(llm, [PROMPTS[2]] + PROMPTS[3:15], [seeded] + others)
+        assert token_ids(batch)[0] == alone[0]
+        assert llm.engine.core.scheduler.spec_stats.num_drafts > 0

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from octavo.bench.datasets import random_requests
-from octavo.bench.report import print_table, summarize, write_json
+from octavo.bench.report import SPEC_COLUMNS, print_table, spec_decode_report, summarize, write_json
 from octavo.bench.throughput import make_llm
 from octavo.config import EngineArgs
 
@@ -85,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
         **summarize("first_step", first_steps),
         **summarize("step", later_steps),
         "steps_per_batch": (len(later_steps) + len(first_steps)) / args.num_iters,
+        **spec_decode_report(engine),
     }
     print_table(
         [result],
@@ -96,6 +97,7 @@ def main(args: argparse.Namespace) -> int:
             "first_step_p50_ms",
             "step_p50_ms",
             "step_p99_ms",
+            *(SPEC_COLUMNS if "spec_method" in result else ()),
         ],
     )
     write_json(args.output_json, result)

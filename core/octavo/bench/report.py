@@ -31,6 +31,28 @@ def write_json(path: Optional[Path], result: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
 
 
+def spec_decode_report(engine: Any) -> dict[str, Any]:
+    """Speculative decoding's figures in an ``LLMEngine`` so far (empty when it has none): how
+    many drafts were verified, the share accepted, the mean acceptance length (tokens per
+    verification) and the acceptance rate at each draft position."""
+    if engine.core.args.speculative_config is None:
+        return {}
+    stats = engine.core.scheduler.spec_stats
+    num_drafts = max(stats.num_drafts, 1)
+    return {
+        "spec_method": engine.core.args.speculative_config.method,
+        "spec_num_drafts": stats.num_drafts,
+        "spec_num_draft_tokens": stats.num_draft_tokens,
+        "spec_num_accepted_tokens": stats.num_accepted_tokens,
+        "spec_acceptance_rate": stats.num_accepted_tokens / max(stats.num_draft_tokens, 1),
+        "spec_mean_acceptance_length": stats.mean_acceptance_length,
+        "spec_acceptance_per_position": [c / num_drafts for c in stats.num_accepted_tokens_per_pos],
+    }
+
+
+SPEC_COLUMNS = ("spec_acceptance_rate", "spec_mean_acceptance_length")
+
+
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     """A markdown table of ``columns`` from ``rows``."""
     print("| " + " | ".join(columns) + " |")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from octavo.bench.datasets import BenchRequest, add_dataset_args, load_requests
-from octavo.bench.report import print_table, write_json
+from octavo.bench.report import SPEC_COLUMNS, print_table, spec_decode_report, write_json
 from octavo.config import EngineArgs
 
 
@@ -85,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
         "load_s": load_s,
         **run_throughput(llm, requests, use_tqdm=not args.disable_tqdm),
     }
+    result.update(spec_decode_report(engine))
     print_table(
         [result],
         [
@@ -93,6 +94,7 @@ def main(args: argparse.Namespace) -> int:
             "request_throughput",
             "output_throughput",
             "total_token_throughput",
+            *(SPEC_COLUMNS if "spec_method" in result else ()),
         ],
     )
     write_json(args.output_json, result)

@@ -391,11 +391,9 @@ class ModelRunner:
                 hidden_states = hidden_states.index_select(0, step.logits_indices)
             logits = self.model.compute_logits(hidden_states).float()
             if step.num_drafts is None:
-                tokens, row_logprobs = self._sample_tokens(logits, rows, failed)
+                tokens, row_logprobs = self.sample_tokens(logits, rows, failed)
             else:
-                tokens, row_logprobs = self.speculation.verify(
-                    logits, batch, rows, step, self.process_logits, failed
-                )
+                tokens, row_logprobs = self.speculation.sample(logits, rows, step, failed)
             kept = self._keep_valid_samples(rows, tokens, logits.shape[-1], failed)
             self._record_sampled(rows[kept], tokens[kept])
             for i in np.flatnonzero(kept).tolist():
@@ -408,8 +406,9 @@ class ModelRunner:
                 )
         return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed, spec_token_ids)
 
-    def _sample_tokens(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]):
-        """One token per sampling row: ``(tokens [S, 1], logprobs per row)``."""
+    def sample_tokens(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]):
+        """One token per sampling row with the platform's sampler, after the logits processors:
+        ``(tokens [S, 1], logprobs per row)``."""
         batch = self.input_batch
         num_logprobs = batch.num_logprobs[rows]
         raw_logits = (

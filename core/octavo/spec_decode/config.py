@@ -23,15 +23,16 @@ class SpeculativeConfig:
 
     ``num_speculative_tokens`` (K) is the most drafts a request is scheduled each step.
     ``ngram`` proposes the continuation of the longest earlier match of the request's last
-    ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens; ``draft_model`` runs ``model``, a
+    ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens (vLLM's defaults: 5 and 5; one bound
+    given alone stands for both); ``draft_model`` runs ``model``, a
     smaller model of the same tokenizer. ``disable_by_batch_size``: no drafts are proposed in a
     step whose batch holds at least this many requests (None: always propose).
     """
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
     model: Optional[str] = None
     disable_by_batch_size: Optional[int] = None
 

@@ -3,7 +3,7 @@ tokens, their verification once the target has scored them, and the next step's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ class Speculation:
     def __init__(
         self, config: SpeculativeConfig, runner: Any, rejection_sampler: RejectionSamplerFn
     ):
-        self.config = config
+        self.config, self.runner = config, runner
         self.proposer = make_proposer(config, runner)
         self.verifier = DraftVerifier(rejection_sampler)
         self.max_batch_to_propose = (config.disable_by_batch_size or (1 << 62)) - 1
@@ -63,28 +63,56 @@ class Speculation:
         flat = batch.token_ids[rows[row], batch.num_tokens[rows[row]] + offset]
         return torch.from_numpy(flat.astype(np.int64)).to(device)
 
-    def verify(
+    def sample(
+        self, logits: torch.Tensor, rows: np.ndarray, step: "StepInputs", failed: dict[str, str]
+    ):
+        """Sample a step that verifies drafts: ``(tokens [S, max_k + 1] -1 padded, logprobs per
+        row)``; ``logits [sum(k + 1), V]`` are the target's at each row's draft and bonus
+        positions. Rows without drafts sample as in any step (the platform's sampler: a
+        request's random stream never depends on its neighbours' drafts); the others are
+        verified."""
+        num_drafts = step.num_drafts[rows]
+        tokens = np.full((len(rows), int(num_drafts.max()) + 1), -1, dtype=np.int64)
+        logprobs: list = [None] * len(rows)
+        starts = np.cumsum(num_drafts + 1) - (num_drafts + 1)
+        plain, drafted = np.flatnonzero(num_drafts == 0), np.flatnonzero(num_drafts > 0)
+        if len(plain):
+            plain_logits = logits.index_select(0, torch.from_numpy(starts[plain]).to(logits.device))
+            sampled, plain_logprobs = self.runner.sample_tokens(plain_logits, rows[plain], failed)
+            tokens[plain, :1] = sampled
+            for i, j in enumerate(plain.tolist()):
+                logprobs[j] = plain_logprobs[i]
+        positions = np.flatnonzero(np.repeat(num_drafts > 0, num_drafts + 1))
+        drafted_logits = logits.index_select(0, torch.from_numpy(positions).to(logits.device))
+        verified, verified_logprobs = self._verify(
+            drafted_logits, rows[drafted], num_drafts[drafted], step.draft_token_ids, failed
+        )
+        tokens[drafted] = verified
+        for i, j in enumerate(drafted.tolist()):
+            logprobs[j] = verified_logprobs[i]
+        return tokens, logprobs
+
+    def _verify(
         self,
         logits: torch.Tensor,
-        batch: "InputBatch",
         rows: np.ndarray,
-        step: "StepInputs",
-        process_logits: Callable[..., torch.Tensor],
+        num_drafts: np.ndarray,
+        draft_token_ids: torch.Tensor,
         failed: dict[str, str],
     ):
-        """Rows verifying drafts: ``(tokens [S, max_k + 1] -1 padded, logprobs per row)``.
-        ``logits [sum(k + 1), V]`` are the target's at each row's draft and bonus positions;
-        the logits processors see each position with the drafts before it."""
-        num_drafts = step.num_drafts[rows]
+        """Rows with drafts: their accepted drafts and one more token each; the logits
+        processors see each position with the drafts before it."""
+        batch = self.runner.input_batch
         row, offset = positions_per_row(num_drafts)
         num_logprobs = batch.num_logprobs[rows]
         raw_logits = logits.clone() if (num_logprobs >= 0).any() else logits
-        logits = process_logits(logits, rows[row], batch.num_tokens[rows[row]] + offset, failed)
+        positions = batch.num_tokens[rows[row]] + offset
+        logits = self.runner.process_logits(logits, rows[row], positions, failed)
         out = self.verifier(
             logits,
             batch.sampling_metadata(rows),
             num_drafts,
-            step.draft_token_ids,
+            draft_token_ids,
             self.proposer.draft_probs(batch, rows, num_drafts),
         )
         # A row with a position where no token is left (every logit -inf) samples nothing.
@@ -94,7 +122,7 @@ class Speculation:
             ~torch.isfinite(logits).any(dim=1),
             accumulate=True,
         )
-        tokens = out.masked_fill(no_token.unsqueeze(1), -1).cpu().numpy()  # the step's one sync
+        tokens = out.masked_fill(no_token.unsqueeze(1), -1).cpu().numpy()
         return tokens, emitted_logprobs(raw_logits, tokens, num_drafts, num_logprobs)
 
     def propose(self, context: ProposeContext) -> dict[str, list[int]]:

@@ -1,0 +1,221 @@
+"""Speculative decoding on the bundled demo model, side by side in one run: output tokens per
+second without speculation, with n-gram drafts and with a draft model, on two workloads.
+
+    python benchmarks/spec_decode.py                      # both workloads, 3 alternated rounds
+    python benchmarks/spec_decode.py --rounds 1 --out /tmp/spec.json
+
+Workloads (greedy, EOS ignored):
+- ``code-b1``: one request at a time; each prompt is a short Python function followed by the
+  start of the same function with one change (renamed), so the model's continuation repeats
+  text the prompt holds: the case prompt lookup is for.
+- ``random-b32``: 32 requests at once of random token ids (64-192 tokens), the case where
+  drafts rarely match.
+
+Draft model: the demo model's first layer with its own embeddings, final norm and head (a
+layer-skip draft with the target's trained weights and tokenizer, written to a temporary
+folder), so its acceptance is that of a real, cheaper model.
+
+Configurations are alternated round by round (the host is noisy); each figure is the median of
+its rounds. The acceptance figures come from the engine's own counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from octavo import LLM, SamplingParams
+from octavo.bench.datasets import random_requests
+from octavo.bench.report import spec_decode_report
+
+DEMO = Path(__file__).resolve().parent.parent / "core" / "octavo" / "data" / "demo-model"
+
+FUNCTIONS = [
+    '''def count_words(text):
+    """Return a dict mapping each word of text to how often it occurs."""
+    counts = {}
+    for word in text.split():
+        word = word.lower()
+        if word in counts:
+            counts[word] += 1
+        else:
+            counts[word] = 1
+    return counts
+''',
+    '''def read_config(path):
+    """Read key = value lines from path into a dict, skipping comments."""
+    result = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.split("=", 1)
+            result[key.strip()] = value.strip()
+    return result
+''',
+    '''def find_index(items, target):
+    """Return the index of target in the sorted list items, or -1."""
+    low, high = 0, len(items) - 1
+    while low <= high:
+        middle = (low + high) // 2
+        if items[middle] == target:
+            return middle
+        if items[middle] < target:
+            low = middle + 1
+        else:
+            high = middle - 1
+    return -1
+''',
+    '''class Stack:
+    """A last-in, first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        if not self.items:
+            raise IndexError("pop from an empty stack")
+        return self.items.pop()
+''',
+]
+
+
+def code_prompts() -> list[str]:
+    """Each function, then its first line with the name changed: "repeat it with one change"."""
+    prompts = []
+    for source in FUNCTIONS:
+        first_line = source.splitlines()[0]
+        name = first_line.split()[1].split("(")[0].rstrip(":")
+        prompts.append(f"{source}\n\n{first_line.replace(name, name + '_copy')}\n")
+    return prompts
+
+
+def layer_skip_draft(folder: Path, num_layers: int = 1) -> Path:
+    """The demo model cut to its first ``num_layers`` layers, in ``folder``."""
+    config = json.loads((DEMO / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    weights = load_file(DEMO / "model.safetensors")
+    kept = {
+        name: tensor
+        for name, tensor in weights.items()
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
+    }
+    save_file(kept, folder / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(DEMO / name, folder / name)
+    return folder
+
+
+def configs(draft: Path, k: int) -> dict[str, dict | None]:
+    return {
+        "none": None,
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        },
+        "draft_model": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k},
+    }
+
+
+def run_code_b1(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[float, list[list[int]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    tokens, outputs = 0, []
+    start = time.perf_counter()
+    for prompt in prompts:  # one request in flight at a time
+        (output,) = llm.generate([prompt], params, use_tqdm=False)
+        tokens += len(output.outputs[0].token_ids)
+        outputs.append(list(output.outputs[0].token_ids))
+    return tokens / (time.perf_counter() - start), outputs
+
+
+def run_random_b32(llm: LLM, max_tokens: int, seed: int) -> tuple[float, list[list[int]]]:
+    requests = random_requests(32, (64, 192), (max_tokens, max_tokens), 4096, seed)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(
+        [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests], params, use_tqdm=False
+    )
+    elapsed = time.perf_counter() - start
+    token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+    return sum(map(len, token_ids)) / elapsed, token_ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        draft = layer_skip_draft(Path(tmp) / "demo-1-layer")
+        engines = {
+            name: LLM(str(DEMO), kv_cache_memory="256MiB", speculative_config=config)
+            for name, config in configs(draft, args.num_speculative_tokens).items()
+        }
+        prompts = code_prompts()
+        workloads = {
+            "code-b1": lambda llm: run_code_b1(llm, prompts, args.max_tokens),
+            "random-b32": lambda llm: run_random_b32(llm, args.max_tokens, seed=0),
+        }
+        figures: dict = {w: {name: [] for name in engines} for w in workloads}
+        acceptance: dict = {w: {} for w in workloads}
+        outputs: dict = {w: {} for w in workloads}
+        for workload, run in workloads.items():
+            for name, llm in engines.items():  # warm-up round, also the outputs compared
+                before = spec_decode_report(llm.engine)
+                _, outputs[workload][name] = run(llm)
+                after = spec_decode_report(llm.engine)
+                acceptance[workload][name] = _acceptance_between(before, after)
+            for _ in range(args.rounds):
+                for name, llm in engines.items():
+                    figures[workload][name].append(run(llm)[0])
+    report = {}
+    for workload in workloads:
+        base = statistics.median(figures[workload]["none"])
+        for name in engines:
+            tok_s = statistics.median(figures[workload][name])
+            same = outputs[workload][name] == outputs[workload]["none"]
+            row = {"output_tok_s": tok_s, "speedup": tok_s / base, "same_tokens": same}
+            row.update(acceptance[workload][name])
+            row["rounds"] = figures[workload][name]
+            report[f"{workload}/{name}"] = row
+            print(
+                f"{workload:11s} {name:12s} {tok_s:9.1f} tok/s  x{tok_s / base:4.2f}  "
+                f"acceptance length {row.get('mean_acceptance_length', 1.0):.2f}  "
+                f"same tokens: {same}"
+            )
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+
+
+def _acceptance_between(before: dict, after: dict) -> dict:
+    if not after:
+        return {}
+    drafts = after["spec_num_drafts"] - before["spec_num_drafts"]
+    draft_tokens = after["spec_num_draft_tokens"] - before["spec_num_draft_tokens"]
+    accepted = after["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
+    return {
+        "num_drafts": drafts,
+        "acceptance_rate": accepted / max(draft_tokens, 1),
+        "mean_acceptance_length": 1 + accepted / max(drafts, 1),
+    }
+
+
+if __name__ == "__main__":
+    main()
