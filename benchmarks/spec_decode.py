@@ -16,7 +16,8 @@ layer-skip draft with the target's trained weights and tokenizer, written to a t
 folder), so its acceptance is that of a real, cheaper model.
 
 Configurations are alternated round by round (the host is noisy); each figure is the median of
-its rounds. The acceptance figures come from the engine's own counters.
+its rounds. The acceptance figures come from the engine's own counters (over the drafts that
+were scheduled: the adaptive policy schedules fewer).
 """
 
 from __future__ import annotations
@@ -120,15 +121,21 @@ def layer_skip_draft(folder: Path, num_layers: int = 1) -> Path:
 
 
 def configs(draft: Path, k: int) -> dict[str, dict | None]:
+    """No speculation, n-gram and the draft model with the adaptive policy (the default), and
+    both with every draft scheduled (``adaptive: false``) to show what the policy does."""
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
+    draft_model = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
     return {
         "none": None,
-        "ngram": {
-            "method": "ngram",
-            "num_speculative_tokens": k,
-            "prompt_lookup_min": 2,
-            "prompt_lookup_max": 4,
-        },
-        "draft_model": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k},
+        "ngram": ngram,
+        "ngram-every": {**ngram, "adaptive": False},
+        "draft_model": draft_model,
+        "draft-every": {**draft_model, "adaptive": False},
     }
 
 

@@ -97,7 +97,9 @@ def test_bench_latency_times_every_step(bench_model, tmp_path):
 def test_bench_throughput_and_latency_report_acceptance_with_speculation(
     bench_model, tmp_path, capsys
 ):
-    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+    spec = json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "adaptive": False}
+    )
     out = tmp_path / "throughput.json"
     argv = ["bench", "throughput", str(bench_model), "--num-prompts", "6", "--input-len", "8",
             "24", "--output-len", "24", "24", "--disable-tqdm", "--output-json", str(out),

@@ -19,6 +19,7 @@ NGRAM = {
     "num_speculative_tokens": 4,
     "prompt_lookup_min": 1,
     "prompt_lookup_max": 3,
+    "adaptive": False,  # every draft scheduled, whatever the machine's speed
 }
 PROMPTS = ["once upon a time", "the dog ran to the park", "lily saw a big red ball"]
 

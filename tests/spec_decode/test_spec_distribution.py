@@ -5,9 +5,10 @@ verifier that accepts every draft.
 A small vocabulary is made of the tiny model's: a logit bias of +8 on four tokens and top-k 4
 leave exactly those four. Each request emits four tokens (the first from the prompt, then up to
 two drafts and the target's own token per step), and a two-sample chi-square test (p = 0.001)
-compares the joint distributions of tokens 1-3 and of tokens 2-4 (64 values each). The prompt cycles through the
-four, so n-gram lookup drafts the cycle (often accepted, often not); the draft model is another
-random model, whose distribution differs from the target's (the accept test must correct it).
+compares the joint distributions of tokens 1-3 and of tokens 2-4 (64 values each). The prompt
+cycles through the four, so n-gram lookup drafts the cycle (often accepted, often not); the
+draft model is another random model, whose distribution differs from the target's (the accept
+test must correct it).
 """
 
 from __future__ import annotations

@@ -51,6 +51,17 @@ def spec(request, target_model, draft_model) -> tuple[str, dict]:
     return name, draft(draft_model if name == "draft-model" else target_model, 3)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft-model"])
+def test_the_adaptive_policy_changes_speed_only(target_model, draft_model, baseline, method):
+    """With the adaptive policy on (the default), whichever drafts it lets through, the tokens
+    are those of plain decoding."""
+    config = ngram(4) if method == "ngram" else draft(draft_model, 3)
+    llm = make_llm(target_model, {**config, "adaptive": True}, max_num_batched_tokens=64)
+    assert llm.engine.core.spec_policy is not None
+    assert token_ids(generate(llm, PROMPTS, PARAMS)) == baseline
+    assert_pool_clean(llm)
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_speculation_gives_the_tokens_of_plain_decoding(target_model, baseline, spec, engine):
     name, config = spec

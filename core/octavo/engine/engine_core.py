@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Iterable, Optional
 
 from octavo.config import EngineArgs
@@ -20,6 +21,7 @@ from octavo.platform.facade import Platform
 from octavo.request import Request, RequestStatus
 from octavo.sampling_params import SamplingParams
 from octavo.sched.scheduler import Scheduler
+from octavo.spec_decode.policy import SpeculationPolicy
 from octavo.spec_decode.stats import SpecDecodeLog
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,13 @@ class EngineCore:
             hash_algo=self.args.prefix_caching_hash_algo,
             num_host_blocks=num_host_blocks,
         )
-        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
+        spec = self.args.speculative_config
+        self.spec_policy = (
+            SpeculationPolicy(spec.num_speculative_tokens)
+            if spec is not None and spec.adaptive
+            else None
+        )
+        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager, self.spec_policy)
         self.spec_log = (
             SpecDecodeLog(self.scheduler.spec_stats) if self.args.speculative_config else None
         )
@@ -161,10 +169,19 @@ class EngineCore:
             and not scheduler_output.finished_req_ids
         ):
             return []
+        start = time.perf_counter()
         try:
             runner_output = self.runner.execute_model(scheduler_output)
         except RequestError as exc:
             return self._fail_step(exc)
+        if self.spec_policy is not None:
+            num_drafts = sum(map(len, scheduler_output.scheduled_spec_token_ids.values()))
+            self.spec_policy.observe_step(
+                scheduler_output.total_num_scheduled_tokens,
+                num_drafts,
+                runner_output.num_proposed,
+                time.perf_counter() - start,
+            )
         return self._update(runner_output)
 
     def _fail_step(self, error: RequestError) -> list[EngineCoreOutput]:

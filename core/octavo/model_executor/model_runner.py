@@ -355,6 +355,7 @@ class ModelRunner:
             None
             if num_drafts is None
             else self.speculation.draft_token_ids(batch, sample_rows, num_drafts, self.device),
+            so.propose_drafts,
         )
 
     def _logits_indices(
@@ -385,6 +386,7 @@ class ModelRunner:
         logprobs = [None] * num_reqs
         failed: dict[str, str] = {}
         spec_token_ids: dict[str, list[int]] = {}
+        num_proposed = 0
         if len(rows):
             step_hidden_states = hidden_states
             if step.logits_indices is not None:
@@ -401,10 +403,13 @@ class ModelRunner:
                 sampled_token_ids[rows[i]] = row_tokens[row_tokens >= 0].tolist()
                 logprobs[rows[i]] = row_logprobs[i]
             if self.speculation is not None:
-                spec_token_ids = self.speculation.propose(
-                    ProposeContext(batch, rows[kept], step, step_hidden_states, self.process_logits)
+                context = ProposeContext(
+                    batch, rows[kept], step, step_hidden_states, self.process_logits
                 )
-        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed, spec_token_ids)
+                spec_token_ids, num_proposed = self.speculation.propose(context, step.propose_all)
+        return ModelRunnerOutput(
+            req_ids, sampled_token_ids, logprobs, failed, spec_token_ids, num_proposed
+        )
 
     def sample_tokens(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]):
         """One token per sampling row with the platform's sampler, after the logits processors:

@@ -28,6 +28,8 @@ class StepInputs:
     """``[R]`` draft tokens each row verifies this step (after its new token); None: none."""
     draft_token_ids: Optional[torch.Tensor] = None
     """``[N]`` the sampling rows' drafts, flat in row order (N = their ``num_drafts`` sum)."""
+    propose_all: bool = True
+    """Whether the proposer drafts for every sampling row (else only for seeded ones)."""
 
 
 class StepBuffer:

@@ -74,6 +74,9 @@ class SchedulerOutput:
     scheduled_spec_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Draft tokens to verify, per request: its ``num_scheduled_tokens`` counts them after its
     one new token (speculative decoding)."""
+    propose_drafts: bool = True
+    """Whether the runner drafts for every request that samples this step (speculative
+    decoding); when False only for seeded ones, whose draws depend on their drafts."""
 
     @classmethod
     def empty(cls) -> "SchedulerOutput":

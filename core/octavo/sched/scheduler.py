@@ -18,6 +18,7 @@ from octavo.sched.batch_delta import BatchDeltaBuilder
 from octavo.sched.forks import ChildForks
 from octavo.sched.output import SchedulerOutput
 from octavo.sched.request_queue import make_queue, preemption_order_key
+from octavo.spec_decode.policy import SpeculationPolicy
 from octavo.spec_decode.stats import SpecDecodeStats
 
 
@@ -48,8 +49,15 @@ class _StepPlan:
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (DESIGN §2)."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        spec_policy: Optional[SpeculationPolicy] = None,
+    ):
+        """``spec_policy`` decides which drafts are worth scheduling (None: every one)."""
         self.config = config
+        self.spec_policy = spec_policy
         self.kv_cache_manager = kv_cache_manager
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy)
@@ -109,6 +117,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step: which requests compute how many tokens, and the KV copies before it."""
         plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
+        if self.spec_policy is not None:
+            self.spec_policy.start_step(len(self.running))
         self._schedule_running(plan)
         if plan.num_preempted == 0:
             self._schedule_swapped(plan)
@@ -116,6 +126,8 @@ class Scheduler:
         self._settle_forks()  # a prefix hit may have released children waiting to fork
         output = self.deltas.build(plan.scheduled, plan.num_scheduled_tokens)
         output.scheduled_spec_token_ids = plan.spec_token_ids
+        if self.spec_policy is not None:
+            output.propose_drafts = self.spec_policy.propose_after
         self._num_scheduled_drafts = {r: len(d) for r, d in plan.spec_token_ids.items()}
         for request in plan.scheduled:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
@@ -146,6 +158,8 @@ class Scheduler:
         the token budget, the context (``max_model_len``) and what ``max_tokens`` leaves."""
         drafts = request.spec_token_ids
         if not drafts or num_new != 1 or request.num_tokens - request.num_computed_tokens != 1:
+            return []
+        if self.spec_policy is not None and not self.spec_policy.allows(request):
             return []
         k = min(len(drafts), token_budget - 1)
         if self.config.max_model_len is not None:
@@ -288,6 +302,8 @@ class Scheduler:
                 request.num_computed_tokens -= num_rejected
                 self.kv_cache_manager.release_unused_slots(request, num_rejected)
                 self.spec_stats.observe(k, k - num_rejected)
+                if self.spec_policy is not None:
+                    self.spec_policy.observe_verification(request, k, k - num_rejected)
             request.append_output_token_ids(token_ids)
         self._num_scheduled_drafts = {}
         for request_id, drafts in (spec_token_ids or {}).items():

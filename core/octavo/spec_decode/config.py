@@ -26,7 +26,10 @@ class SpeculativeConfig:
     ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens (vLLM's defaults: 5 and 5; one bound
     given alone stands for both); ``draft_model`` runs ``model``, a
     smaller model of the same tokenizer. ``disable_by_batch_size``: no drafts are proposed in a
-    step whose batch holds at least this many requests (None: always propose).
+    step whose batch holds at least this many requests (None: always propose). ``adaptive``
+    (octavo's): schedule a request's drafts only while they are expected to raise the step's
+    tokens per second, from its measured acceptance and step times
+    (``octavo.spec_decode.policy``); False schedules every draft.
     """
 
     method: str
@@ -35,6 +38,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5
     model: Optional[str] = None
     disable_by_batch_size: Optional[int] = None
+    adaptive: bool = True
 
     @classmethod
     def from_dict(cls, value: Union[None, str, Mapping[str, Any], "SpeculativeConfig"]):
@@ -77,6 +81,10 @@ class SpeculativeConfig:
                 f"got {self.method!r}"
             )
         _positive("num_speculative_tokens", self.num_speculative_tokens)
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError(
+                f"speculative_config.adaptive must be true or false; got {self.adaptive!r}"
+            )
         if self.disable_by_batch_size is not None:
             _positive("disable_by_batch_size", self.disable_by_batch_size)
         if self.method == "ngram":

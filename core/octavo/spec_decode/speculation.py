@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from octavo.errors import ConfigError
+from octavo.model_executor.logits_processors import needs_processing
 from octavo.model_executor.logprobs import emitted_logprobs
 from octavo.platform.types import RejectionSamplerFn
 from octavo.spec_decode.config import SpeculativeConfig
@@ -115,25 +116,45 @@ class Speculation:
             draft_token_ids,
             self.proposer.draft_probs(batch, rows, num_drafts),
         )
-        # A row with a position where no token is left (every logit -inf) samples nothing.
-        no_token = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
-        no_token.index_put_(
-            (torch.from_numpy(row).to(logits.device),),
-            ~torch.isfinite(logits).any(dim=1),
-            accumulate=True,
-        )
-        tokens = out.masked_fill(no_token.unsqueeze(1), -1).cpu().numpy()
+        tokens = self._without_tokenless_rows(out, logits, rows, row).cpu().numpy()
         return tokens, emitted_logprobs(raw_logits, tokens, num_drafts, num_logprobs)
 
-    def propose(self, context: ProposeContext) -> dict[str, list[int]]:
-        """The next step's drafts for ``context.rows`` (those that sampled), none when the batch
-        holds ``disable_by_batch_size`` requests or more."""
-        batch, rows = context.batch, context.rows
+    def _without_tokenless_rows(self, out, logits, rows, position_row) -> torch.Tensor:
+        """``out`` with -1 for each row that has a position where no token is left (the logits
+        processors made every logit -inf there): such a row samples nothing, and fails. Only
+        processed rows are looked at: the model's own logits are finite."""
+        requests, req_ids = self.runner.requests, self.runner.input_batch.req_ids
+        processed = np.array(
+            [needs_processing(requests[req_ids[r]].sampling_params) for r in rows.tolist()],
+            dtype=bool,
+        )
+        if not processed.any():
+            return out
+        positions = np.flatnonzero(processed[position_row])
+        index = torch.from_numpy(positions).to(logits.device)
+        no_token = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
+        no_token.index_put_(
+            (torch.from_numpy(position_row[positions]).to(logits.device),),
+            ~torch.isfinite(logits.index_select(0, index)).any(dim=1),
+            accumulate=True,
+        )
+        return out.masked_fill(no_token.unsqueeze(1), -1)
+
+    def propose(self, context: ProposeContext, propose_all: bool = True):
+        """``(drafts per request id, how many requests were drafted for)``: the next step's
+        drafts for ``context.rows`` (those that sampled; only the seeded ones unless
+        ``propose_all``), none when the batch holds ``disable_by_batch_size`` requests or more."""
+        batch = context.batch
+        if not propose_all:
+            seeded = [row in batch.generators for row in context.rows.tolist()]
+            context.rows = context.rows[np.array(seeded, dtype=bool)]
+        rows = context.rows
         if len(rows) == 0 or batch.num_reqs > self.max_batch_to_propose:
-            return {}
+            return {}, 0
         drafts, num_drafts = self.proposer.propose(context)
         req_ids = batch.req_ids
-        return {
+        spec_token_ids = {
             req_ids[rows[i]]: drafts[i, : num_drafts[i]].tolist()
             for i in np.flatnonzero(num_drafts).tolist()
         }
+        return spec_token_ids, len(rows)
