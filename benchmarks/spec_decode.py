@@ -93,12 +93,14 @@ FUNCTIONS = [
 
 
 def code_prompts() -> list[str]:
-    """Each function, then its first line with the name changed: "repeat it with one change"."""
+    """Each function, then its first line with the name changed: "repeat it with one change"
+    (two changes of name per function)."""
     prompts = []
     for source in FUNCTIONS:
         first_line = source.splitlines()[0]
         name = first_line.split()[1].split("(")[0].rstrip(":")
-        prompts.append(f"{source}\n\n{first_line.replace(name, name + '_copy')}\n")
+        for suffix in ("_copy", "2"):
+            prompts.append(f"{source}\n\n{first_line.replace(name, name + suffix)}\n")
     return prompts
 
 
@@ -168,18 +170,29 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument(
+        "--workloads", default="code-b1,random-b32", help="comma-separated subset to run"
+    )
+    parser.add_argument(
+        "--configs",
+        default="none,ngram,ngram-every,draft_model,draft-every",
+        help="comma-separated subset to run ('none' is always run: the speed-ups are against it)",
+    )
     args = parser.parse_args()
+    chosen = {"none", *args.configs.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         draft = layer_skip_draft(Path(tmp) / "demo-1-layer")
         engines = {
             name: LLM(str(DEMO), kv_cache_memory="256MiB", speculative_config=config)
             for name, config in configs(draft, args.num_speculative_tokens).items()
+            if name in chosen
         }
         prompts = code_prompts()
         workloads = {
             "code-b1": lambda llm: run_code_b1(llm, prompts, args.max_tokens),
             "random-b32": lambda llm: run_random_b32(llm, args.max_tokens, seed=0),
         }
+        workloads = {w: run for w, run in workloads.items() if w in args.workloads.split(",")}
         figures: dict = {w: {name: [] for name in engines} for w in workloads}
         acceptance: dict = {w: {} for w in workloads}
         outputs: dict = {w: {} for w in workloads}

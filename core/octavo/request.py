@@ -63,7 +63,6 @@ class Request:
         "num_computed_tokens",
         "block_hashes",
         "spec_token_ids",
-        "spec_acceptance_rate",
         "_output_token_ids",
         "_all_token_ids",
         "_block_hasher",
@@ -109,7 +108,6 @@ class Request:
         self._block_size = block_hasher.block_size if block_hasher is not None else 0
         self.block_hashes: list[BlockHash] = []
         self.spec_token_ids: list[int] = []
-        self.spec_acceptance_rate: Optional[float] = None  # recent share of drafts accepted
         self._next_hash_at = 0  # num_tokens at which the next block fills (0: no hasher)
         if block_hasher is not None:
             self._hash_new_blocks()
@@ -174,7 +172,6 @@ class Request:
         child._all_token_ids = list(self._all_token_ids)
         child.block_hashes = list(self.block_hashes)
         child.spec_token_ids = []
-        child.spec_acceptance_rate = None
         return child
 
     def __repr__(self) -> str:

@@ -1,95 +1,72 @@
-"""The adaptive rule on synthetic step times: drafts are kept while their expected tokens cost
-less than a plain step's time per token, dropped when the step is compute-bound or a request's
-drafts are rarely accepted, and probed again now and then."""
+"""The adaptive rule on synthetic step times: at each batch size the faster of decoding with and
+without drafts runs, both are measured first, the other is probed now and then, and seeded
+requests keep their drafts."""
 
 from __future__ import annotations
 
-import math
-
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
-from octavo.spec_decode.policy import EXPLORE_STEPS, SpeculationPolicy
-
-K = 4
+from octavo.spec_decode.policy import MIN_STEPS, SpeculationPolicy
 
 
 def request(seed=None) -> Request:
     return Request("r", [1, 2, 3], SamplingParams(seed=seed))
 
 
-def explored_policy(costs, acceptance: float, probe_interval: int = 1000) -> SpeculationPolicy:
-    """A policy past its exploration, having seen steps timed exactly by
-    ``a + b n + c_v D + c_p P + c_s [P > 0]`` over varied batches and drafts accepted at
-    ``acceptance``."""
-    a, b, verify_cost, propose_cost, drafting_cost = costs
-    policy = SpeculationPolicy(K, probe_interval=probe_interval)
-    for step in range(EXPLORE_STEPS):
-        policy.start_step(num_decodes=8)
-        batch = (1, 4, 32, 7)[step % 4] + step
-        drafts = K * batch if step % 3 else 0
-        proposed = (batch - step % 5) if step % 2 else 0
-        seconds = a + b * batch + verify_cost * drafts + propose_cost * proposed
-        seconds += drafting_cost * (proposed > 0)
-        policy.observe_step(batch + drafts, drafts, proposed, seconds)
-    for _ in range(30):
-        policy.observe_verification(request(), K, round(K * acceptance))
-    return policy
+def run(policy: SpeculationPolicy, num_decodes: int, steps: int, speed) -> list[bool]:
+    """``steps`` decode steps of ``num_decodes`` requests; ``speed(on)`` gives the tokens per
+    second the step emits at. Returns whether drafts were on at each step."""
+    modes = []
+    for _ in range(steps):
+        policy.start_step(num_decodes)
+        on = policy.allows(request())
+        assert policy.propose_after == on
+        modes.append(on)
+        emitted = num_decodes * (2 if on else 1)
+        drafts = 3 * num_decodes if on else 0
+        policy.observe_step(num_decodes, num_decodes + drafts, drafts, emitted, emitted / speed(on))
+    return modes
 
 
-CPU_LIKE = (2e-3, 1e-4, 1.2e-4, 0.0, 0.0)  # a draft token costs about what a token does
-DRAFT_MODEL = (2e-3, 1e-4, 1.2e-4, 1e-3, 2e-3)  # and drafting 2 ms, plus 1 ms per request
+def test_each_batch_size_runs_the_faster_mode_after_measuring_both():
+    policy = SpeculationPolicy(probe_interval=1000)
+    # one request: drafts double the speed; 32: they halve it
+    small = run(policy, 1, 30, lambda on: 200.0 if on else 100.0)
+    large = run(policy, 32, 30, lambda on: 500.0 if on else 1000.0)
+    # on first, then off (its first step after the switch is not measured), then on for good
+    assert small[: 2 * MIN_STEPS + 1] == [True] * MIN_STEPS + [False] * (MIN_STEPS + 1)
+    assert all(small[2 * MIN_STEPS + 1 :])
+    assert not any(large[-10:])
+    assert policy.rates[policy.bucket(32), True] < policy.rates[policy.bucket(32), False]
+    # the small batch size keeps its own verdict
+    assert all(run(policy, 1, 5, lambda on: 200.0 if on else 100.0))
 
 
-def test_the_step_costs_are_fitted_from_the_steps():
-    policy = explored_policy(DRAFT_MODEL, 0.5)
-    assert all(math.isclose(x, y, rel_tol=1e-4) for x, y in zip(policy.costs(), DRAFT_MODEL))
-    assert abs(policy.acceptance_rate - 0.5) < 1e-3
+def test_a_mode_within_the_margin_of_the_other_does_not_keep_drafts_on():
+    policy = SpeculationPolicy(probe_interval=1000)
+    modes = run(policy, 8, 40, lambda on: 1010.0 if on else 1000.0)  # 1% faster: noise
+    assert not any(modes[-10:])
 
 
-def test_drafts_pay_at_small_batches_and_stop_paying_at_large_ones():
-    policy = explored_policy(CPU_LIKE, 0.5)
-    policy.start_step(num_decodes=1)  # 2.1 ms per emitted token: half of it beats 0.12 ms
-    assert policy.allows(request()) and policy.propose_after
-    policy.start_step(num_decodes=64)  # (2 + 6.4) / 64 = 0.13 ms per token: half is < 0.12
-    assert not policy.allows(request()) and not policy.propose_after
+def test_the_other_mode_is_probed_now_and_then():
+    policy = SpeculationPolicy(probe_interval=16, probe_steps=4)
+    modes = run(policy, 32, 64, lambda on: 500.0 if on else 1000.0)
+    settled = modes[32:]
+    assert 0 < settled.count(True) <= len(settled) // 4
 
 
-def test_a_costly_proposer_needs_a_better_acceptance():
-    # One request: 0.12 + (1 + 2) / 4 = 0.87 ms per draft token, under half of 2.1 ms per
-    # token. Eight: 0.12 + (1 + 2 / 8) / 4 = 0.43 ms, over half of (2 + 0.8) / 8 = 0.35 ms.
-    policy = explored_policy(DRAFT_MODEL, 0.5)
-    policy.start_step(num_decodes=1)
-    assert policy.allows(request())
-    policy.start_step(num_decodes=8)
-    assert not policy.allows(request())
+def test_the_verdict_follows_a_change_in_speed():
+    policy = SpeculationPolicy(probe_interval=8, probe_steps=3)
+    run(policy, 4, 40, lambda on: 500.0 if on else 1000.0)
+    modes = run(policy, 4, 80, lambda on: 3000.0 if on else 1000.0)  # drafts got good
+    assert all(modes[-5:]) or sum(modes[-16:]) > 8
 
 
-def test_a_request_whose_drafts_are_rarely_accepted_stops_getting_them():
-    policy = explored_policy(CPU_LIKE, 0.6)
-    good, bad = request(), request()
-    for _ in range(10):
-        policy.observe_verification(good, K, 3)
-        policy.observe_verification(bad, K, 0)
-    policy.start_step(num_decodes=24)  # (2 + 2.4) / 24 = 0.18 ms per token: needs 0.65
-    assert policy.allows(good) and not policy.allows(bad)
-
-
-def test_exploration_cycles_through_the_four_kinds_of_step():
-    policy = SpeculationPolicy(K)
-    kinds = []
-    for _ in range(8):
-        policy.start_step(num_decodes=64)
-        kinds.append((policy.allows(request()), policy.propose_after))
-    assert kinds[:4] == [(False, True), (True, True), (True, False), (False, False)]
-    assert kinds[4:] == kinds[:4]
-
-
-def test_while_drafts_do_not_pay_they_are_proposed_then_verified_once_per_interval():
-    policy = explored_policy(CPU_LIKE, 0.5, probe_interval=8)
-    verdicts = []
-    for _ in range(16):
-        policy.start_step(num_decodes=64)
-        verdicts.append((policy.allows(request()), policy.propose_after))
-    assert verdicts.count((True, False)) == 2  # the probe: drafts verified
-    assert verdicts.count((False, True)) == 2  # the step before it proposes them
-    assert policy.allows(request(seed=3))  # a seeded request's draws must not depend on time
+def test_seeded_requests_keep_their_drafts_and_prefill_steps_are_not_measured():
+    policy = SpeculationPolicy(probe_interval=1000)
+    run(policy, 32, 30, lambda on: 500.0 if on else 1000.0)
+    policy.start_step(32)
+    assert not policy.allows(request()) and policy.allows(request(seed=3))
+    counts = dict(policy.counts)
+    policy.observe_step(32, 900, 0, 32, 1.0)  # a step with prefill chunks
+    assert policy.counts == counts

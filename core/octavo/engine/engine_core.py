@@ -79,11 +79,7 @@ class EngineCore:
             num_host_blocks=num_host_blocks,
         )
         spec = self.args.speculative_config
-        self.spec_policy = (
-            SpeculationPolicy(spec.num_speculative_tokens)
-            if spec is not None and spec.adaptive
-            else None
-        )
+        self.spec_policy = SpeculationPolicy() if spec is not None and spec.adaptive else None
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager, self.spec_policy)
         self.spec_log = (
             SpecDecodeLog(self.scheduler.spec_stats) if self.args.speculative_config else None
@@ -175,11 +171,11 @@ class EngineCore:
         except RequestError as exc:
             return self._fail_step(exc)
         if self.spec_policy is not None:
-            num_drafts = sum(map(len, scheduler_output.scheduled_spec_token_ids.values()))
             self.spec_policy.observe_step(
+                len(scheduler_output.num_scheduled_tokens),
                 scheduler_output.total_num_scheduled_tokens,
-                num_drafts,
-                runner_output.num_proposed,
+                sum(map(len, scheduler_output.scheduled_spec_token_ids.values())),
+                sum(map(len, runner_output.sampled_token_ids)),
                 time.perf_counter() - start,
             )
         return self._update(runner_output)

@@ -386,7 +386,6 @@ class ModelRunner:
         logprobs = [None] * num_reqs
         failed: dict[str, str] = {}
         spec_token_ids: dict[str, list[int]] = {}
-        num_proposed = 0
         if len(rows):
             step_hidden_states = hidden_states
             if step.logits_indices is not None:
@@ -406,10 +405,8 @@ class ModelRunner:
                 context = ProposeContext(
                     batch, rows[kept], step, step_hidden_states, self.process_logits
                 )
-                spec_token_ids, num_proposed = self.speculation.propose(context, step.propose_all)
-        return ModelRunnerOutput(
-            req_ids, sampled_token_ids, logprobs, failed, spec_token_ids, num_proposed
-        )
+                spec_token_ids = self.speculation.propose(context, step.propose_all)
+        return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed, spec_token_ids)
 
     def sample_tokens(self, logits: torch.Tensor, rows: np.ndarray, failed: dict[str, str]):
         """One token per sampling row with the platform's sampler, after the logits processors:

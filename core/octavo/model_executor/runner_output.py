@@ -43,8 +43,6 @@ class ModelRunnerOutput:
     failed: dict[str, str] = dataclasses.field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Drafts proposed for each request's next step (speculative decoding; empty without)."""
-    num_proposed: int = 0
-    """How many requests the proposer drafted for (those with no draft included)."""
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

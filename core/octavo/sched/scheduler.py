@@ -302,8 +302,6 @@ class Scheduler:
                 request.num_computed_tokens -= num_rejected
                 self.kv_cache_manager.release_unused_slots(request, num_rejected)
                 self.spec_stats.observe(k, k - num_rejected)
-                if self.spec_policy is not None:
-                    self.spec_policy.observe_verification(request, k, k - num_rejected)
             request.append_output_token_ids(token_ids)
         self._num_scheduled_drafts = {}
         for request_id, drafts in (spec_token_ids or {}).items():

@@ -1,120 +1,101 @@
-"""When speculation pays: drafts are scheduled while the tokens they are expected to add cost
-less time than they do.
+"""When speculation pays: drafts are used at the batch sizes where they are measured to give
+more tokens per second than decoding without them.
 
-A step's time is modelled as ``t = a + b n + c_v D + c_p P + c_s [P > 0]``: a fixed cost
-``a``, ``b`` per token of the requests' own (``n``), ``c_v`` per draft token verified (``D``:
-its share of the forward and of the verification), ``c_p`` per request the proposer drafts for
-after the step (``P``) and ``c_s`` once for drafting at all (a draft model's K forwards cost
-much the same for one request or many; n-gram lookup costs next to nothing). At ``N`` decoding
-requests a request drafting ``k`` tokens, each accepted with probability ``alpha``, adds about
-``alpha k`` tokens for ``k c_v + c_p + c_s / N`` seconds, while a step without drafts spends
-``t(N) / N`` per emitted token. So its drafts pay exactly when
+Whether drafts pay depends on the hardware, the model and the workload together: a step of a
+few requests is dominated by fixed costs (weights streamed once, Python, kernel launches), so
+the extra tokens of verified drafts come nearly free; a step of many is dominated by per-token
+compute (on a CPU the forward is compute-bound), so drafts cost about what the tokens they
+might add would, and stop paying however well they are accepted. A model of those costs has to
+be fitted from steps that rarely vary the features independently, so the policy measures the
+quantity itself instead: for each batch size (in powers of two of the decoding requests) it
+keeps the tokens emitted per second of decode steps with drafts (proposing and verifying) and
+without, runs the better, and now and then runs the other for a few steps, so that both stay
+measured as the workload changes.
 
-    alpha * t(N) / N > c_v + (c_p + c_s / N) / k.
-
-Small batches are dominated by ``a``, so drafts pay; large ones by ``b`` (on a CPU, where the
-forward is compute-bound, ``c_v`` is close to ``b``), so they stop paying however well they are
-accepted; a request whose drafts are rarely accepted stops getting them first.
-
-Everything is measured on the running engine: the five costs by least squares over every step,
-``alpha`` per request (an average of its recent acceptance, starting from the engine-wide one).
-To tell the costs apart the policy first cycles through the four kinds of step (proposing only,
-verifying and proposing, verifying only, neither); afterwards it still makes one step in
-``probe_interval`` of the kind it avoids, so that both sides stay measured when the workload
-changes, and while drafts pay, one step in ``probe_interval`` verifies every request's drafts,
-so that a request left out for its poor acceptance is measured again. Which drafts it lets
-through changes only speed, never tokens (verification is lossless); seeded requests are left
-alone: their random draws depend on how many drafts they verify, and must not depend on the
-clock.
+Drafts are used ("on") unless they are measured slower; until both have been measured at a
+batch size, that size runs each for ``MIN_STEPS`` steps. Switching on costs one step that
+proposes but has nothing to verify; it is not measured. Which drafts run changes only speed,
+never tokens (verification is lossless); seeded requests always get theirs, since their random
+draws depend on how many drafts they verify and must not depend on the clock.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from octavo.request import Request
 
-EXPLORE_STEPS = 32  # steps of the four-kind cycle before the costs are trusted
-_CYCLE = ((False, True), (True, True), (True, False), (False, False))  # (verify, propose)
+MIN_STEPS = 4  # measured steps of each kind before a batch size is decided
+MARGIN = 1.03  # drafts must be this much faster to stay on: noise must not make it flap
+SMOOTHING = 0.05  # slow: a verdict on typical steps, not on the last few
 
 
 class SpeculationPolicy:
-    """Decides, each step, which requests verify their drafts and whether the runner proposes
-    after it (see the module docstring)."""
+    """Decides, each step, whether drafts are verified and proposed (see the module
+    docstring)."""
 
-    def __init__(self, num_speculative_tokens: int, probe_interval: int = 32):
-        self.k, self.probe_interval = num_speculative_tokens, probe_interval
-        self.smoothing = 0.2
-        self._gram = np.eye(5) * 1e-9  # least squares of step seconds on [1, n, D, P, P > 0]
-        self._moment = np.zeros(5)
-        self.acceptance_rate = 0.5  # alpha over every request: the prior of a new request
-        self.num_steps = 0
-        self._threshold = 0.0  # this step's alpha above which drafts pay (inf: none do)
-        self.propose_after = True  # whether the runner drafts after this step
+    def __init__(self, probe_interval: int = 32, probe_steps: int = 3):
+        self.probe_interval, self.probe_steps = probe_interval, probe_steps
+        self.rates: dict[tuple[int, bool], float] = {}  # (batch bucket, on) -> tokens/s
+        self.counts: dict[tuple[int, bool], int] = {}
+        self._steps: dict[int, int] = {}  # steps per bucket, for probing
+        self.on = True
+        self._bucket = 0
+        self._steps_in_mode = 1  # the first step after switching on is not measured
 
-    # --- measurements ---------------------------------------------------------------------------
-
-    def costs(self) -> np.ndarray:
-        """``[a, b, c_v, c_p, c_s]`` in seconds, as measured so far."""
-        return np.linalg.solve(self._gram, self._moment)
-
-    def observe_step(
-        self, num_tokens: int, num_draft_tokens: int, num_proposed: int, seconds: float
-    ) -> None:
-        """A step ran ``num_tokens`` tokens, ``num_draft_tokens`` of them drafts, then drafted
-        for ``num_proposed`` requests, in ``seconds``."""
-        features = np.array(
-            [1.0, num_tokens - num_draft_tokens, num_draft_tokens, num_proposed, num_proposed > 0]
-        )
-        self._gram += np.outer(features, features)
-        self._moment += features * seconds
-
-    def observe_verification(self, request: Request, num_drafts: int, num_accepted: int) -> None:
-        rate = num_accepted / num_drafts
-        previous = request.spec_acceptance_rate
-        if previous is None:
-            previous = self.acceptance_rate
-        request.spec_acceptance_rate = previous + self.smoothing * (rate - previous)
-        self.acceptance_rate += self.smoothing * (rate - self.acceptance_rate)
-
-    # --- the decision -------------------------------------------------------------------------
+    @staticmethod
+    def bucket(num_decodes: int) -> int:
+        return max(num_decodes, 1).bit_length()  # 1, 2-3, 4-7, 8-15, ...
 
     def start_step(self, num_decodes: int) -> None:
-        """Decide this step for ``num_decodes`` decoding requests."""
-        step = self.num_steps
-        self.num_steps += 1
-        if step < EXPLORE_STEPS:
-            verify, self.propose_after = _CYCLE[step % len(_CYCLE)]
-            self._threshold = 0.0 if verify else math.inf
-            return
-        self._threshold = self.threshold(num_decodes)
-        pays = self.acceptance_rate > self._threshold
-        probe = step % self.probe_interval
-        if pays:  # now and then a step without drafts, to keep measuring the plain cost, and
-            self.propose_after = True  # one with every draft, for requests left out
-            if probe == 0:
-                self._threshold = math.inf
-            elif probe == self.probe_interval // 2:
-                self._threshold = 0.0
-        else:  # now and then drafts proposed, then verified, to keep measuring their worth
-            self.propose_after = probe == self.probe_interval - 1
-            if probe == 0:
-                self._threshold = 0.0
+        """Decide this step for ``num_decodes`` running requests."""
+        bucket = self._bucket = self.bucket(num_decodes)
+        step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
+        on = self._preferred(bucket)
+        if step % self.probe_interval < self.probe_steps and self._decided(bucket):
+            on = not on
+        if on != self.on:
+            self.on, self._steps_in_mode = on, 0
 
-    def threshold(self, num_decodes: int) -> float:
-        """The acceptance rate above which a request's drafts pay at ``num_decodes`` requests."""
-        a, b, verify_cost, propose_cost, drafting_cost = self.costs()
-        n = max(num_decodes, 1)
-        per_token = (a + b * n) / n
-        propose_cost = max(propose_cost, 0.0) + max(drafting_cost, 0.0) / n
-        draft_cost = max(verify_cost, 0.0) + propose_cost / self.k
-        return draft_cost / per_token if per_token > 0 else math.inf
+    def _decided(self, bucket: int) -> bool:
+        return min(self.counts.get((bucket, True), 0), self.counts.get((bucket, False), 0)) >= (
+            MIN_STEPS
+        )
+
+    def _preferred(self, bucket: int) -> bool:
+        if self.counts.get((bucket, True), 0) < MIN_STEPS:
+            return True
+        if self.counts.get((bucket, False), 0) < MIN_STEPS:
+            return False
+        return self.rates[bucket, True] > MARGIN * self.rates[bucket, False]
+
+    @property
+    def propose_after(self) -> bool:
+        """Whether the runner drafts for every request after this step."""
+        return self.on
 
     def allows(self, request: Request) -> bool:
         """True when ``request``'s drafts are verified this step."""
-        if self._threshold == 0.0 or request.sampling_params.seed is not None:
-            return True
-        rate = request.spec_acceptance_rate
-        return (self.acceptance_rate if rate is None else rate) > self._threshold
+        return self.on or request.sampling_params.seed is not None
+
+    def observe_step(
+        self,
+        num_requests: int,
+        num_tokens: int,
+        num_draft_tokens: int,
+        num_emitted: int,
+        seconds: float,
+    ) -> None:
+        """A step of ``num_requests`` requests ran ``num_tokens`` tokens, ``num_draft_tokens``
+        of them drafts, and emitted ``num_emitted`` in ``seconds``. Only decode steps (one
+        token of each request's own) are measured: a prefill chunk's cost says nothing about
+        drafts."""
+        self._steps_in_mode += 1
+        decode = num_tokens - num_draft_tokens == num_requests
+        if self._steps_in_mode == 1 or seconds <= 0 or not decode:
+            return  # just switched (on: nothing to verify yet), or prefill in the step
+        key = (self._bucket, self.on)
+        rate = num_emitted / seconds
+        count = self.counts.get(key, 0)
+        self.rates[key] = (
+            rate if count == 0 else self.rates[key] + SMOOTHING * (rate - self.rates[key])
+        )
+        self.counts[key] = count + 1

@@ -140,21 +140,20 @@ class Speculation:
         )
         return out.masked_fill(no_token.unsqueeze(1), -1)
 
-    def propose(self, context: ProposeContext, propose_all: bool = True):
-        """``(drafts per request id, how many requests were drafted for)``: the next step's
-        drafts for ``context.rows`` (those that sampled; only the seeded ones unless
-        ``propose_all``), none when the batch holds ``disable_by_batch_size`` requests or more."""
+    def propose(self, context: ProposeContext, propose_all: bool = True) -> dict[str, list[int]]:
+        """The next step's drafts for ``context.rows`` (those that sampled; only the seeded ones
+        unless ``propose_all``), none when the batch holds ``disable_by_batch_size`` requests
+        or more."""
         batch = context.batch
         if not propose_all:
             seeded = [row in batch.generators for row in context.rows.tolist()]
             context.rows = context.rows[np.array(seeded, dtype=bool)]
         rows = context.rows
         if len(rows) == 0 or batch.num_reqs > self.max_batch_to_propose:
-            return {}, 0
+            return {}
         drafts, num_drafts = self.proposer.propose(context)
         req_ids = batch.req_ids
-        spec_token_ids = {
+        return {
             req_ids[rows[i]]: drafts[i, : num_drafts[i]].tolist()
             for i in np.flatnonzero(num_drafts).tolist()
         }
-        return spec_token_ids, len(rows)
