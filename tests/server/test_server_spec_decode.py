@@ -5,6 +5,7 @@ block, and a bad config stops ``octavo serve`` at start-up with the reason."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx2 as httpx
@@ -115,3 +116,16 @@ def test_a_bad_speculative_config_stops_serve_at_start_up(server_model, capsys):
         main(["serve", str(server_model), "--speculative-config", "{method"])
     assert exit_info.value.code == 2
     assert "argument --speculative-config: not valid JSON" in capsys.readouterr().err
+
+
+def test_bench_serve_reports_the_servers_acceptance(spec_server, server_model, tmp_path):
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--base-url", spec_server.base_url, "--tokenizer",
+            str(server_model), "--max-concurrency", "2", "--num-prompts", "4", "--input-len",
+            "8", "16", "--output-len", "24", "24", "--disable-tqdm",
+            "--output-json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    stats = spec_server.engine.core.scheduler.spec_stats
+    assert run["spec_num_drafts"] > 0 and 0 < run["spec_acceptance_rate"] <= 1
+    assert run["spec_num_drafts"] <= stats.num_drafts  # the warm-up request is not counted

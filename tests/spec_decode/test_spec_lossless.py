@@ -4,6 +4,8 @@ small budgets, under heavy preemption (recompute and swap) — and every block i
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from spec_helpers import (
     assert_pool_clean,
@@ -209,3 +211,43 @@ def test_a_seeded_request_samples_the_same_tokens_alone_and_in_a_batch(target_mo
         batch = generate(llm, [PROMPTS[2]] + PROMPTS[3:15], [seeded] + others)
         assert token_ids(batch)[0] == alone[0]
         assert llm.engine.core.scheduler.spec_stats.num_drafts > 0
+
+
+def test_disable_by_batch_size_drafts_only_for_small_batches(target_model, baseline):
+    llm = make_llm(target_model, ngram(4, disable_by_batch_size=4))
+    batch_sizes = []
+    step = llm.engine.core.runner.execute_model
+
+    def record(scheduler_output):
+        if scheduler_output.scheduled_spec_token_ids:
+            batch_sizes.append(len(scheduler_output.num_scheduled_tokens))
+        return step(scheduler_output)
+
+    llm.engine.core.runner.execute_model = record
+    assert token_ids(generate(llm, PROMPTS, PARAMS)) == baseline
+    # alone, the repetitive prompts get drafts; in the full batch none until 3 are left
+    repetitive = [i for i in range(len(PROMPTS)) if i % 3 == 2][:3]
+    alone = generate(llm, [PROMPTS[i] for i in repetitive], [PARAMS[i] for i in repetitive])
+    assert token_ids(alone) == [baseline[i] for i in repetitive]
+    assert batch_sizes and max(batch_sizes) <= 3
+
+
+def test_the_mean_acceptance_length_is_logged(target_model, caplog):
+    from octavo.spec_decode.stats import SpecDecodeLog
+
+    llm = make_llm(target_model, ngram(4))
+    core = llm.engine.core
+    core.spec_log = SpecDecodeLog(core.scheduler.spec_stats, interval_s=0.0)
+    with caplog.at_level("INFO", logger="octavo.spec_decode"):
+        generate(llm, PROMPTS[:6], PARAMS[:6])
+    lines = [r.getMessage() for r in caplog.records if r.name == "octavo.spec_decode"]
+    pattern = re.compile(
+        r"mean acceptance length ([\d.]+) over (\d+) drafts \((\d+) of (\d+) draft tokens"
+    )
+    figures = [tuple(map(float, pattern.search(line).groups())) for line in lines]
+    stats = core.scheduler.spec_stats
+    # every verification is in exactly one line, and each line's mean is its own
+    assert sum(f[1] for f in figures) == stats.num_drafts > 0
+    assert sum(f[2] for f in figures) == stats.num_accepted_tokens
+    assert sum(f[3] for f in figures) == stats.num_draft_tokens
+    assert all(abs(f[0] - (1 + f[2] / f[1])) < 0.01 for f in figures)

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from octavo.bench.datasets import BenchRequest, add_dataset_args, load_requests
-from octavo.bench.report import plot_serve, print_table, summarize, write_json
+from octavo.bench.report import SPEC_COLUMNS, plot_serve, print_table, summarize, write_json
 
 DEFAULT_CONCURRENCY = "1,10,50,100"
 
@@ -262,6 +262,39 @@ def _workload(args: argparse.Namespace) -> list[BenchRequest]:
     )
 
 
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+async def spec_decode_counters(client) -> Optional[dict[str, float]]:
+    """The server's speculative-decoding counters from its /metrics (octavo's
+    ``octavo_spec_decode_*`` or vLLM's ``vllm:spec_decode_*``), None when it has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = await client.get("/metrics")
+    except Exception:  # noqa: BLE001 - a server without /metrics reports no acceptance
+        return None
+    if response.status_code != 200:
+        return None
+    counters: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            for name in SPEC_COUNTERS:
+                if sample.name.endswith(f"spec_decode_{name}_total") and not sample.labels:
+                    counters[name] = counters.get(name, 0.0) + sample.value
+    return counters if len(counters) == len(SPEC_COUNTERS) else None
+
+
+def spec_decode_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Acceptance over one level, from the counters before and after it."""
+    drafts, draft_tokens, accepted = (after[n] - before[n] for n in SPEC_COUNTERS)
+    return {
+        "spec_num_drafts": drafts,
+        "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+    }
+
+
 async def _model_name(client) -> str:
     response = await client.get("/v1/models")
     response.raise_for_status()
@@ -294,10 +327,14 @@ async def run_sweep(
                 raise ValueError(f"the warm-up request to {args.base_url} failed: {warm.error}")
         runs = []
         for concurrency in levels:
+            before = await spec_decode_counters(client)
             with tqdm(
                 total=len(requests), desc=f"concurrency {concurrency}", disable=args.disable_tqdm
             ) as progress:
                 runs.append(await run_level(client, model, requests, concurrency, args, progress))
+            after = await spec_decode_counters(client)
+            if before is not None and after is not None:
+                runs[-1].update(spec_decode_figures(before, after))
     return runs
 
 
@@ -319,6 +356,7 @@ def main(args: argparse.Namespace) -> int:
             "itl_p95_ms",
             "tpot_p50_ms",
             "e2el_p99_ms",
+            *(SPEC_COLUMNS if runs and "spec_num_drafts" in runs[0] else ()),
         ],
     )
     result = {
