@@ -255,3 +255,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when sampling is greedy (temperature 0)."""
         return self.temperature == 0.0
+
+
+def needs_processing(params: SamplingParams) -> bool:
+    """True when the params adjust logits before sampling: penalties, logit bias, min_tokens."""
+    return bool(
+        params.repetition_penalty != 1.0
+        or params.frequency_penalty
+        or params.presence_penalty
+        or params.logit_bias
+        or params.min_tokens
+    )

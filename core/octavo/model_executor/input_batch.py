@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from octavo.platform.types import SamplingMetadata
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import SamplingParams, needs_processing
 from octavo.sched.output import NewRequestData
 
 
@@ -84,6 +84,7 @@ class InputBatch:
         self.top_p = np.ones(max_num_reqs, dtype=np.float32)
         self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)
+        self.adjusts_logits = np.zeros(max_num_reqs, dtype=bool)  # penalties, bias, min_tokens
         self.generators: dict[int, torch.Generator] = {}
         self._per_row = (
             self.num_tokens,
@@ -95,6 +96,7 @@ class InputBatch:
             self.top_p,
             self.min_p,
             self.num_logprobs,
+            self.adjusts_logits,
         )
         # staging buffers for one step's sampling rows
         self._sampling_cpu = {
@@ -142,6 +144,7 @@ class InputBatch:
         self.top_p[row] = params.top_p
         self.min_p[row] = params.min_p
         self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
+        self.adjusts_logits[row] = needs_processing(params)
         if state.generator is not None:
             self.generators[row] = state.generator
         return row

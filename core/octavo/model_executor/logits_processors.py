@@ -17,16 +17,6 @@ from octavo.model_executor.input_batch import CachedRequestState, InputBatch
 from octavo.sampling_params import SamplingParams
 
 
-def needs_processing(params: SamplingParams) -> bool:
-    return bool(
-        params.repetition_penalty != 1.0
-        or params.frequency_penalty
-        or params.presence_penalty
-        or params.logit_bias
-        or params.min_tokens
-    )
-
-
 class SamplingPenalties:
     """The runner's logits processor for penalties, logit bias and min_tokens."""
 
@@ -39,9 +29,10 @@ class SamplingPenalties:
     ) -> torch.Tensor:
         req_ids = batch.req_ids
         failed = {}
-        for i, (row, length) in enumerate(zip(rows.tolist(), num_tokens.tolist())):
+        for i in np.flatnonzero(batch.adjusts_logits[rows]).tolist():
+            row, length = int(rows[i]), int(num_tokens[i])
             state = self.requests[req_ids[row]]
-            if needs_processing(state.sampling_params) and state.req_id not in failed:
+            if state.req_id not in failed:
                 try:
                     self._apply(logits[i], state.sampling_params, batch, row, length)
                 except Exception as exc:  # noqa: BLE001 - one request's parameters: fail it alone

@@ -396,10 +396,9 @@ class ModelRunner:
             else:
                 tokens, row_logprobs = self.speculation.sample(logits, rows, step, failed)
             kept = self._keep_valid_samples(rows, tokens, logits.shape[-1], failed)
-            self._record_sampled(rows[kept], tokens[kept])
-            for i in np.flatnonzero(kept).tolist():
-                row_tokens = tokens[i]
-                sampled_token_ids[rows[i]] = row_tokens[row_tokens >= 0].tolist()
+            emitted = self._record_sampled(rows[kept], tokens[kept])
+            for i, row_tokens in zip(np.flatnonzero(kept).tolist(), emitted):
+                sampled_token_ids[rows[i]] = row_tokens
                 logprobs[rows[i]] = row_logprobs[i]
             if self.speculation is not None:
                 context = ProposeContext(
@@ -456,19 +455,27 @@ class ModelRunner:
             kept &= np.array([req_ids[row] not in failed for row in rows.tolist()])
         return kept
 
-    def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+    def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> list[list[int]]:
         """Append each row's sampled tokens (``[S, W]``, -1 padded) to its request (batch row
-        and state)."""
-        batch = self.input_batch
-        counts = (tokens >= 0).sum(axis=1)
-        row, offset = ragged_index(counts)
-        columns = batch.num_tokens[rows[row]] + offset
-        fits = columns < batch.max_model_len
-        batch.token_ids[rows[row][fits], columns[fits]] = tokens[tokens >= 0][fits]
-        batch.num_tokens[rows] = np.minimum(batch.num_tokens[rows] + counts, batch.max_model_len)
-        for row, row_tokens in zip(rows.tolist(), tokens.tolist()):
-            output = self.requests[batch.req_ids[row]].output_token_ids
-            output.extend(token for token in row_tokens if token >= 0)
+        and state); returns them, a list per row."""
+        batch, requests, req_ids = self.input_batch, self.requests, self.input_batch.req_ids
+        if tokens.shape[1] == 1:  # no drafts: one token per row
+            fits = batch.num_tokens[rows] < batch.max_model_len
+            batch.token_ids[rows[fits], batch.num_tokens[rows[fits]]] = tokens[fits, 0]
+            batch.num_tokens[rows[fits]] += 1
+            emitted = [[token] for token in tokens[:, 0].tolist()]
+        else:
+            counts = (tokens >= 0).sum(axis=1)
+            row, offset = ragged_index(counts)
+            columns = batch.num_tokens[rows[row]] + offset
+            fits = columns < batch.max_model_len
+            batch.token_ids[rows[row][fits], columns[fits]] = tokens[tokens >= 0][fits]
+            num_tokens = batch.num_tokens[rows] + counts
+            batch.num_tokens[rows] = np.minimum(num_tokens, batch.max_model_len)
+            emitted = [[t for t in row_tokens if t >= 0] for row_tokens in tokens.tolist()]
+        for row, row_tokens in zip(rows.tolist(), emitted):
+            requests[req_ids[row]].output_token_ids.extend(row_tokens)
+        return emitted
 
     # --- start-up profiling --------------------------------------------------------------------
 

@@ -2,13 +2,13 @@
 occurrence of its last n tokens, for the longest n in ``[prompt_lookup_min, prompt_lookup_max]``
 that occurs earlier in its prompt + output.
 
-Array operations over the whole batch: one pass per n, none per token or per request.
+Array operations over the whole batch: one shifted comparison per n, none per token or per
+request.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from octavo.spec_decode.proposer import ProposeContext
 
@@ -18,37 +18,37 @@ def propose_ngram(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Drafts for each row of ``token_ids [R, L]`` (row ``r`` holds ``num_tokens[r]`` tokens):
     ``(drafts [R, k] int64, num_drafts [R])``; row ``r``'s drafts are ``drafts[r, :num_drafts[r]]``
-    (0 when no n-gram of its suffix occurs earlier). The continuation stops at the row's end."""
+    (0 when no n-gram of its suffix occurs earlier). The continuation stops at the row's end.
+
+    ``run[r, e]`` counts how many of the row's last tokens match, backwards, the tokens ending at
+    position ``e`` (at most ``max_n``): one shifted comparison per n, over the whole batch."""
     num_rows = len(num_tokens)
     drafts = np.zeros((num_rows, k), dtype=np.int64)
     num_drafts = np.zeros(num_rows, dtype=np.int64)
-    if num_rows == 0:
+    lengths = num_tokens.astype(np.int64)
+    width = int(lengths.max()) if num_rows else 0
+    if width < 2:
         return drafts, num_drafts
-    num_tokens = num_tokens.astype(np.int64)
-    width = int(num_tokens.max())
     tokens = token_ids[:, :width]
-    found = np.zeros(num_rows, dtype=bool)
-    for n in range(max_n, min_n - 1, -1):
-        rows = np.flatnonzero(~found & (num_tokens > n))
-        if len(rows) == 0:
-            continue
-        row_tokens, lengths = tokens[rows], num_tokens[rows]
-        suffix = np.take_along_axis(row_tokens, lengths[:, None] - n + np.arange(n), axis=1)
-        windows = sliding_window_view(row_tokens, n, axis=1)  # [rows, width - n + 1, n]
-        starts = np.arange(windows.shape[1])
-        # A match must leave a token after it (its continuation), so it is never the suffix.
-        match = (windows == suffix[:, None, :]).all(axis=2) & (starts + n < lengths[:, None])
-        hit = match.any(axis=1)
-        if not hit.any():
-            continue
-        latest = windows.shape[1] - 1 - np.argmax(match[:, ::-1], axis=1)
-        continuation = latest + n
-        count = np.minimum(k, lengths - continuation)
-        index = np.minimum(continuation[:, None] + np.arange(k), lengths[:, None] - 1)
-        hit_rows = rows[hit]
-        drafts[hit_rows] = np.take_along_axis(row_tokens, index, axis=1)[hit]
-        num_drafts[hit_rows] = count[hit]
-        found[hit_rows] = True
+    rows = np.arange(num_rows)
+    run = np.zeros((num_rows, width), dtype=np.int64)
+    alive = np.ones((num_rows, width), dtype=bool)
+    for j in range(max_n):
+        back = lengths - 1 - j  # the row's j-th token from its end
+        wanted = tokens[rows, np.maximum(back, 0)]
+        alive[:, j:] &= tokens[:, : width - j] == wanted[:, None]
+        alive[:, :j] = False
+        alive &= (back >= 0)[:, None]
+        run += alive
+    # A match must leave a token after it (its continuation), so it is never the suffix itself.
+    run[np.arange(width)[None, :] >= lengths[:, None] - 1] = 0
+    best = run.max(axis=1)
+    hit = best >= min_n
+    latest = width - 1 - np.argmax((run >= best[:, None])[:, ::-1], axis=1)
+    start = latest + 1
+    index = np.minimum(start[:, None] + np.arange(k), lengths[:, None] - 1)
+    drafts[hit] = np.take_along_axis(tokens, index, axis=1)[hit]
+    num_drafts[hit] = np.minimum(k, lengths - start)[hit]
     return drafts, num_drafts
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from octavo.errors import ConfigError
-from octavo.model_executor.logits_processors import needs_processing
 from octavo.model_executor.logprobs import emitted_logprobs
 from octavo.platform.types import RejectionSamplerFn
 from octavo.spec_decode.config import SpeculativeConfig
@@ -123,11 +122,7 @@ class Speculation:
         """``out`` with -1 for each row that has a position where no token is left (the logits
         processors made every logit -inf there): such a row samples nothing, and fails. Only
         processed rows are looked at: the model's own logits are finite."""
-        requests, req_ids = self.runner.requests, self.runner.input_batch.req_ids
-        processed = np.array(
-            [needs_processing(requests[req_ids[r]].sampling_params) for r in rows.tolist()],
-            dtype=bool,
-        )
+        processed = self.runner.input_batch.adjusts_logits[rows]
         if not processed.any():
             return out
         positions = np.flatnonzero(processed[position_row])
