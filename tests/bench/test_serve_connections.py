@@ -21,6 +21,11 @@ async def _answer(reader, writer, seen: list[dict]) -> None:
     headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
     body = await reader.readexactly(int(headers.get("content-length", 0)))
     seen.append({"line": request_line, "connection": headers.get("connection")})
+    if request_line.startswith("GET /metrics"):  # llama-server has none unless asked
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        return
     if request_line.startswith("GET /v1/models"):
         events = [json.dumps({"data": [{"id": "fake"}]}).encode()]
         kind = b"application/json"
@@ -63,8 +68,10 @@ async def _sweep_against_fake_server(extra: list[str]) -> tuple[list[dict], list
 def test_no_keep_alive_opens_one_connection_per_request():
     runs, seen, connections = asyncio.run(_sweep_against_fake_server(["--no-keep-alive"]))
     assert [(r["completed"], r["failed"], r["output_tokens"]) for r in runs] == [(4, 0, 12)] * 2
-    # /v1/models, one warm-up, 4 requests per level: each on a connection of its own.
-    assert len(seen) == connections == 1 + 1 + 8
+    # /v1/models, one warm-up, /metrics before and after each level (for the acceptance of
+    # speculative decoding; 404 here) and 4 requests per level: each on a connection of its own.
+    assert len(seen) == connections == 1 + 1 + 4 + 8
+    assert all("spec_num_drafts" not in r for r in runs)
     assert {s["connection"] for s in seen} == {"close"}
 
 
