@@ -9,6 +9,8 @@ import math
 import re
 from typing import Any, Optional, Sequence, Union
 
+from octavo.structured_output.params import StructuredOutputsParams
+
 logger = logging.getLogger(__name__)
 
 # The bounds of each request field, shared with the server's request models (which publish them
@@ -84,8 +86,19 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: Optional[StructuredOutputsParams] = None  # or its fields as a dict
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            object.__setattr__(
+                self, "structured_outputs", StructuredOutputsParams(**self.structured_outputs)
+            )
+        _require(
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs",
+            f"must be a StructuredOutputsParams or a dict, got {self.structured_outputs!r}",
+        )
         # Normalise list inputs so the object stays immutable; reject shapes that cannot be.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))

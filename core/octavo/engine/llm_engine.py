@@ -16,6 +16,7 @@ from octavo.platform.facade import Platform
 from octavo.request import RequestStatus
 from octavo.sampling_defaults import load_sampling_defaults
 from octavo.sampling_params import SamplingParams
+from octavo.structured_output.backend import LazyGrammarBackend
 
 logger = logging.getLogger("octavo.engine")
 
@@ -30,8 +31,10 @@ class LLMEngine:
         self.model_config = self.core.model_config
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         mc = self.model_config
+        self.grammar_backend = LazyGrammarBackend(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
+        self.core.runner.enable_structured_output(self.grammar_backend)
         self.input_processor = InputProcessor(
-            self.tokenizer, mc.vocab_size, mc.max_model_len, mc.eos_token_ids
+            self.tokenizer, mc.vocab_size, mc.max_model_len, mc.eos_token_ids, self.grammar_backend
         )
         eos = (
             self.model_config.eos_token_ids[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from octavo.inputs.data import (
     ProcessedPrompt,
@@ -32,7 +32,11 @@ class InputProcessor:
         vocab_size: int,
         max_model_len: int,
         eos_token_ids: Sequence[int] = (),
+        grammar_backend: Optional[Callable[[], Any]] = None,
     ) -> None:
+        """``grammar_backend()`` gives the GrammarBackend that compiles a request's
+        ``structured_outputs`` (None: such requests are refused)."""
+        self.grammar_backend = grammar_backend
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -74,6 +78,12 @@ class InputProcessor:
             raise ValueError(
                 "stop strings need a tokenizer; this engine runs without one (use stop_token_ids)"
             )
+        if params.structured_outputs is not None:
+            if self.grammar_backend is None:
+                raise ValueError(
+                    "structured_outputs needs a tokenizer; this engine runs without one"
+                )
+            self.grammar_backend().compile(params.structured_outputs)  # a bad one fails here
         return params.for_vocabulary(self.vocab_size, self.eos_token_ids)
 
     def tokenize(self, prompt: PromptType) -> ProcessedPrompt:

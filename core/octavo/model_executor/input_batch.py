@@ -85,6 +85,7 @@ class InputBatch:
         self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)
         self.adjusts_logits = np.zeros(max_num_reqs, dtype=bool)  # penalties, bias, min_tokens
+        self.constrained = np.zeros(max_num_reqs, dtype=bool)  # structured output
         self.generators: dict[int, torch.Generator] = {}
         self._per_row = (
             self.num_tokens,
@@ -97,6 +98,7 @@ class InputBatch:
             self.min_p,
             self.num_logprobs,
             self.adjusts_logits,
+            self.constrained,
         )
         # staging buffers for one step's sampling rows
         self._sampling_cpu = {
@@ -145,6 +147,7 @@ class InputBatch:
         self.min_p[row] = params.min_p
         self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
         self.adjusts_logits[row] = needs_processing(params)
+        self.constrained[row] = params.structured_outputs is not None
         if state.generator is not None:
             self.generators[row] = state.generator
         return row
@@ -209,6 +212,23 @@ class InputBatch:
             )
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end
+
+    def append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> list[list[int]]:
+        """Append each row's sampled tokens (``[S, W]``, -1 padded; past ``max_model_len`` they
+        are dropped); returns them, a list per row."""
+        if tokens.shape[1] == 1:  # no drafts: one token per row
+            fits = self.num_tokens[rows] < self.max_model_len
+            self.token_ids[rows[fits], self.num_tokens[rows[fits]]] = tokens[fits, 0]
+            self.num_tokens[rows[fits]] += 1
+            return [[token] for token in tokens[:, 0].tolist()]
+        counts = (tokens >= 0).sum(axis=1)
+        row = np.repeat(np.arange(len(rows)), counts)
+        offset = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+        columns = self.num_tokens[rows[row]] + offset
+        fits = columns < self.max_model_len
+        self.token_ids[rows[row][fits], columns[fits]] = tokens[tokens >= 0][fits]
+        self.num_tokens[rows] = np.minimum(self.num_tokens[rows] + counts, self.max_model_len)
+        return [[t for t in row_tokens if t >= 0] for row_tokens in tokens.tolist()]
 
     # --- sampling --------------------------------------------------------------------------------
 

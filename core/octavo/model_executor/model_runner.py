@@ -10,7 +10,7 @@ with the platform's sampler.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ from octavo.sched.output import NewRequestData, SchedulerOutput
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.proposer import ProposeContext
 from octavo.spec_decode.speculation import Speculation
-from octavo.spec_decode.verifier import positions_per_row, ragged_index
+from octavo.spec_decode.verifier import positions_per_row
+from octavo.structured_output.bitmask import GrammarBitmask
 
 LogitsProcessor = Callable[[torch.Tensor, InputBatch, np.ndarray, np.ndarray], torch.Tensor]
 """``fn(logits [S, V] fp32, batch, rows [S], num_tokens [S]) -> logits``: adjusts logits row
@@ -120,6 +121,13 @@ class ModelRunner:
             self.attention_layers += self.speculation.proposer.attention_layers
         self.kv_caches: list[torch.Tensor] = []
         self.host_kv_caches: list[torch.Tensor] = []
+        self.grammar: Optional[GrammarBitmask] = None
+
+    def enable_structured_output(self, backend: Callable[[], Any]) -> None:
+        """Constrain requests with ``structured_outputs``: ``backend()`` gives the
+        GrammarBackend; the platform's bitmask kernel applies the masks."""
+        self.grammar = GrammarBitmask(backend, self.requests, self.platform.apply_token_bitmask())
+        self.logits_processors.append(self.grammar)
 
     def build_model(self, model_config: ModelConfig):
         """``(model, forward)``: a model of this runner's platform, block size, device and
@@ -238,6 +246,8 @@ class ModelRunner:
             batch.remove_request(req_id)
         if self.speculation is not None and so.finished_req_ids:
             self.speculation.proposer.forget(so.finished_req_ids)
+        if self.grammar is not None and so.finished_req_ids:
+            self.grammar.forget(so.finished_req_ids)
         new_states = self._new_request_states(so.scheduled_new_reqs)
         for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
             batch.remove_request(req_id)  # idle this step (e.g. preempted): keep its state only
@@ -397,6 +407,8 @@ class ModelRunner:
                 tokens, row_logprobs = self.speculation.sample(logits, rows, step, failed)
             kept = self._keep_valid_samples(rows, tokens, logits.shape[-1], failed)
             emitted = self._record_sampled(rows[kept], tokens[kept])
+            if self.grammar is not None:
+                self.grammar.accept_emitted(batch, rows[kept], emitted)
             for i, row_tokens in zip(np.flatnonzero(kept).tolist(), emitted):
                 sampled_token_ids[rows[i]] = row_tokens
                 logprobs[rows[i]] = row_logprobs[i]
@@ -458,21 +470,8 @@ class ModelRunner:
     def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> list[list[int]]:
         """Append each row's sampled tokens (``[S, W]``, -1 padded) to its request (batch row
         and state); returns them, a list per row."""
-        batch, requests, req_ids = self.input_batch, self.requests, self.input_batch.req_ids
-        if tokens.shape[1] == 1:  # no drafts: one token per row
-            fits = batch.num_tokens[rows] < batch.max_model_len
-            batch.token_ids[rows[fits], batch.num_tokens[rows[fits]]] = tokens[fits, 0]
-            batch.num_tokens[rows[fits]] += 1
-            emitted = [[token] for token in tokens[:, 0].tolist()]
-        else:
-            counts = (tokens >= 0).sum(axis=1)
-            row, offset = ragged_index(counts)
-            columns = batch.num_tokens[rows[row]] + offset
-            fits = columns < batch.max_model_len
-            batch.token_ids[rows[row][fits], columns[fits]] = tokens[tokens >= 0][fits]
-            num_tokens = batch.num_tokens[rows] + counts
-            batch.num_tokens[rows] = np.minimum(num_tokens, batch.max_model_len)
-            emitted = [[t for t in row_tokens if t >= 0] for row_tokens in tokens.tolist()]
+        requests, req_ids = self.requests, self.input_batch.req_ids
+        emitted = self.input_batch.append_sampled(rows, tokens)
         for row, row_tokens in zip(rows.tolist(), emitted):
             requests[req_ids[row]].output_token_ids.extend(row_tokens)
         return emitted

@@ -1,0 +1,90 @@
+"""xgrammar for one model: its tokenizer's vocabulary at the model's (padded) vocabulary size,
+one compiler, compiled grammars cached by constraint, one matcher per request."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Sequence
+
+from octavo.structured_output.params import StructuredOutputsParams
+
+
+class GrammarBackend:
+    """Compiles a request's constraint into an xgrammar ``CompiledGrammar`` (cached) and makes
+    matchers from it. A constraint xgrammar cannot compile is a ValueError naming the field."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = ()):
+        import xgrammar
+
+        self.xgrammar = xgrammar
+        self.vocab_size = vocab_size
+        self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
+        )
+        self.compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=2)
+        self._compiled: dict[tuple, Any] = {}
+        self._lock = threading.Lock()  # the server compiles off the engine's thread
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """The compiled grammar of ``params`` (from the cache when it was compiled before)."""
+        key = params.key()
+        with self._lock:
+            compiled = self._compiled.get(key)
+        if compiled is not None:
+            return compiled
+        try:
+            compiled = self._compile(params)
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError, ValueError, ...
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(
+                f"structured_outputs.{params.kind} cannot be compiled to a grammar: {detail}"
+            ) from None
+        with self._lock:
+            self._compiled[key] = compiled
+        return compiled
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        compiler, kind = self.compiler, params.kind
+        if kind == "json":
+            schema = params.json if isinstance(params.json, dict) else {}
+            return compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=params.any_whitespace
+            )
+        if kind == "json_object":
+            return compiler.compile_json_schema(
+                json.dumps({"type": "object"}), any_whitespace=params.any_whitespace
+            )
+        if kind == "regex":
+            return compiler.compile_regex(params.regex)
+        if kind == "choice":  # EBNF string literals take JSON's escapes
+            return compiler.compile_grammar(
+                "root ::= " + " | ".join(json.dumps(choice) for choice in params.choice)
+            )
+        if kind == "grammar":
+            return compiler.compile_grammar(params.grammar)
+        return compiler.compile_structural_tag(json.dumps(params.structural_tag))
+
+    def matcher(self, params: StructuredOutputsParams) -> Any:
+        """A fresh matcher for one request (it can take back any number of accepted tokens:
+        speculative drafts are given back after each position's mask)."""
+        return self.xgrammar.GrammarMatcher(self.compile(params))
+
+    def allocate_bitmask(self, num_rows: int):
+        return self.xgrammar.allocate_token_bitmask(num_rows, self.vocab_size)
+
+
+class LazyGrammarBackend:
+    """``backend()`` builds the GrammarBackend on first use (xgrammar and the vocabulary scan
+    cost start-up time an engine without structured output should not pay)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = ()):
+        self._args = (tokenizer, vocab_size, tuple(stop_token_ids))
+        self._backend = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> GrammarBackend:
+        with self._lock:
+            if self._backend is None:
+                self._backend = GrammarBackend(*self._args)
+            return self._backend
