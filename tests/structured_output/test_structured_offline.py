@@ -133,3 +133,22 @@ def test_speculation_keeps_constrained_outputs_exact(demo_llm, method):
         assert g.outputs[0].token_ids == e.outputs[0].token_ids
         jsonschema.validate(json.loads(g.outputs[0].text), schema)
     assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_bounded_strings_never_admit_control_characters(demo_llm):
+    """xgrammar's own grammar for minLength/maxLength strings admits raw control characters;
+    octavo's keeps them to what JSON allows unescaped."""
+    import torch
+
+    backend = demo_llm.engine.grammar_backend()
+    decoded = backend.tokenizer_info.decoded_vocab
+    control = [i for i, b in enumerate(decoded) if len(b) == 1 and b[0] < 0x20]
+    assert control  # the demo tokenizer has byte tokens for them
+    for schema in ({"type": "string", "maxLength": 8}, {"type": "string", "minLength": 2}):
+        matcher = backend.matcher(StructuredOutputsParams(json=schema))
+        assert matcher.accept_string('"')
+        bitmask = backend.allocate_bitmask(1)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        allowed = ((bitmask[0].unsqueeze(-1) >> torch.arange(32)) & 1).reshape(-1).bool()
+        assert not allowed[control].any()
+        assert allowed[[i for i, b in enumerate(decoded) if b == b"a"]].all()

@@ -10,6 +10,11 @@ from typing import Any, Sequence
 from octavo.structured_output.params import StructuredOutputsParams
 
 
+# The character class xgrammar gives a bounded-length JSON string, and what it should be.
+_BOUNDED_STRING_CHARACTER = r"[^\"\\\r\n]"
+_JSON_STRING_CHARACTER = r"[^\0-\x1f\"\\]"
+
+
 class GrammarBackend:
     """Compiles a request's constraint into an xgrammar ``CompiledGrammar`` (cached) and makes
     matchers from it. A constraint xgrammar cannot compile is a ValueError naming the field."""
@@ -46,15 +51,11 @@ class GrammarBackend:
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         compiler, kind = self.compiler, params.kind
-        if kind == "json":
-            schema = params.json if isinstance(params.json, dict) else {}
-            return compiler.compile_json_schema(
-                json.dumps(schema), any_whitespace=params.any_whitespace
-            )
-        if kind == "json_object":
-            return compiler.compile_json_schema(
-                json.dumps({"type": "object"}), any_whitespace=params.any_whitespace
-            )
+        if kind in ("json", "json_object"):
+            schema = params.json if kind == "json" else {"type": "object"}
+            if not isinstance(schema, dict):
+                schema = {}  # ``true``: any JSON value
+            return compiler.compile_grammar(self._json_grammar(schema, params.any_whitespace))
         if kind == "regex":
             return compiler.compile_regex(params.regex)
         if kind == "choice":  # EBNF string literals take JSON's escapes
@@ -64,6 +65,15 @@ class GrammarBackend:
         if kind == "grammar":
             return compiler.compile_grammar(params.grammar)
         return compiler.compile_structural_tag(json.dumps(params.structural_tag))
+
+    def _json_grammar(self, schema: dict, any_whitespace: bool) -> str:
+        """xgrammar's grammar of ``schema``, with its bounded-length string characters (for
+        ``minLength``/``maxLength``) kept to what JSON allows unescaped: xgrammar 0.2.9 lets
+        them be control characters, which no JSON parser accepts."""
+        grammar = self.xgrammar.Grammar.from_json_schema(
+            json.dumps(schema), any_whitespace=any_whitespace
+        )
+        return str(grammar).replace(_BOUNDED_STRING_CHARACTER, _JSON_STRING_CHARACTER)
 
     def matcher(self, params: StructuredOutputsParams) -> Any:
         """A fresh matcher for one request (it can take back any number of accepted tokens:

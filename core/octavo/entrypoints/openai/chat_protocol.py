@@ -54,7 +54,6 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI for max_completion_tokens
     logprobs: bool = False
     top_logprobs: Optional[NumLogprobs] = None
-    response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

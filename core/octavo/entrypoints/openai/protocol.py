@@ -75,6 +75,14 @@ class SamplingRequest(RequestModel):
     include_stop_str_in_output: bool = False
     cache_salt: Optional[str] = None
     priority: int = Field(0, ge=sp.PRIORITY_MIN, le=sp.PRIORITY_MAX)
+    # output constraints (octavo.entrypoints.openai.structured): OpenAI's, vLLM's, and the
+    # guided_* names vLLM had before structured_outputs
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Union[None, str, dict[str, Any]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     def sampling_params(
         self,

@@ -32,6 +32,7 @@ from octavo.entrypoints.openai.serving_common import (
     sse,
     usage_event,
 )
+from octavo.entrypoints.openai.structured import constrain
 from octavo.inputs import TokensPrompt
 from octavo.outputs import CompletionOutput, Logprob, SampleLogprobs
 
@@ -82,10 +83,6 @@ def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
 
 
 def _check_unsupported(body: ChatCompletionRequest) -> None:
-    if body.response_format is not None and body.response_format.get("type", "text") != "text":
-        raise bad_request(
-            "response_format other than text is not supported yet", param="response_format"
-        )
     if body.tools:
         raise bad_request("tools are not supported yet", param="tools")
 
@@ -106,6 +103,7 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
         params = body.sampling_params(max_tokens, num_logprobs, ctx.sampling_defaults)
     except ValueError as exc:
         raise _param_error(exc, body) from None
+    params = await constrain(ctx.engine.engine, params, body)
     token_ids = render_chat(
         ctx,
         conversation,
