@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from octavo.structured_output.params import StructuredOutputsParams
 
+BATCH_FILL_MIN = 8  # rows from which one batched fill beats filling them one by one
 
 # The character class xgrammar gives a bounded-length JSON string, and what it should be.
 _BOUNDED_STRING_CHARACTER = r"[^\"\\\r\n]"
@@ -29,6 +30,7 @@ class GrammarBackend:
         )
         self.compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=2)
         self._compiled: dict[tuple, Any] = {}
+        self._batch_matcher = None
         self._lock = threading.Lock()  # the server compiles off the engine's thread
 
     def compile(self, params: StructuredOutputsParams) -> Any:
@@ -79,6 +81,18 @@ class GrammarBackend:
         """A fresh matcher for one request (it can take back any number of accepted tokens:
         speculative drafts are given back after each position's mask)."""
         return self.xgrammar.GrammarMatcher(self.compile(params))
+
+    def batch_fill(self, matchers: list, bitmask, indices: list[int]) -> None:
+        """Fill bitmask row ``indices[i]`` from ``matchers[i]``: one by one for a few, else in
+        one call (xgrammar's batch matcher, on its own threads, which cost more than they save
+        for a few rows)."""
+        if len(matchers) < BATCH_FILL_MIN:
+            for matcher, index in zip(matchers, indices):
+                matcher.fill_next_token_bitmask(bitmask, index)
+            return
+        if self._batch_matcher is None:
+            self._batch_matcher = self.xgrammar.BatchGrammarMatcher(max_threads=2)
+        self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices)
 
     def allocate_bitmask(self, num_rows: int):
         return self.xgrammar.allocate_token_bitmask(num_rows, self.vocab_size)

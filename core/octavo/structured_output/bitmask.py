@@ -47,17 +47,28 @@ class GrammarBitmask:
         positions = np.flatnonzero(batch.constrained[rows])
         if len(positions) == 0:
             return logits
-        bitmask = self.backend().allocate_bitmask(len(positions))
+        backend = self.backend()
+        bitmask = backend.allocate_bitmask(len(positions))
         row_of = rows[positions]
-        start = 0
-        while start < len(positions):  # one request's positions are consecutive
-            end = start + 1
-            while end < len(positions) and row_of[end] == row_of[start]:
-                end += 1
-            self._fill(batch, int(row_of[start]), num_tokens[positions[start:end]], bitmask, start)
-            start = end
-        index = torch.from_numpy(positions).to(logits.device)
-        self.apply_bitmask(logits, bitmask.to(logits.device), index)
+        if (num_tokens[positions] == batch.num_tokens[row_of]).all():  # no drafts: one each
+            matchers = [self._matcher(batch.req_ids[row]) for row in row_of.tolist()]
+            live = [i for i, matcher in enumerate(matchers) if not matcher.is_terminated()]
+            if live:  # a terminated grammar (EOS ignored) leaves its row free
+                backend.batch_fill([matchers[i] for i in live], bitmask, live)
+        else:
+            start = 0
+            while start < len(positions):  # one request's positions are consecutive
+                end = start + 1
+                while end < len(positions) and row_of[end] == row_of[start]:
+                    end += 1
+                row = int(row_of[start])
+                self._fill(batch, row, num_tokens[positions[start:end]], bitmask, start)
+                start = end
+        bitmask = bitmask.to(logits.device)
+        if len(positions) == logits.shape[0]:  # every row constrained
+            self.apply_bitmask(logits, bitmask)
+        else:
+            self.apply_bitmask(logits, bitmask, torch.from_numpy(positions).to(logits.device))
         return logits
 
     def _fill(self, batch, row: int, num_tokens: np.ndarray, bitmask, first: int) -> None:
@@ -86,7 +97,9 @@ class GrammarBitmask:
             if batch.constrained[row]:
                 matcher = self._matcher(batch.req_ids[row])
                 for token in tokens:
-                    if not matcher.accept_token(token) and not matcher.is_terminated():
+                    if matcher.is_terminated():
+                        break  # EOS ignored after the grammar's end: the rest is free
+                    if not matcher.accept_token(token):
                         logger.warning(
                             "request %s emitted token %d its grammar refuses",
                             batch.req_ids[row],
