@@ -86,6 +86,34 @@ def json_object(text: str) -> dict:
     return value
 
 
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar")
+
+
+def structured_outputs_config(value: Optional[dict]) -> dict:
+    """vLLM's ``--structured-outputs-config`` with octavo's defaults filled in: ``backend``
+    (auto or xgrammar, the one octavo has) and ``disable_any_whitespace`` (true: compact JSON
+    unless a request asks otherwise; vLLM's default is false)."""
+    config = {"backend": "auto", "disable_any_whitespace": True}
+    if value is None:
+        return config
+    if not isinstance(value, dict):
+        raise ConfigError(f"structured_outputs_config must be a dict; got {value!r}")
+    unknown = sorted(set(value) - set(config))
+    if unknown:
+        raise ConfigError(
+            f"structured_outputs_config.{unknown[0]} is not supported; known: {', '.join(config)}"
+        )
+    config.update(value)
+    if config["backend"] not in STRUCTURED_OUTPUT_BACKENDS:
+        raise ConfigError(
+            "structured_outputs_config.backend must be one of "
+            f"{', '.join(STRUCTURED_OUTPUT_BACKENDS)}; got {config['backend']!r}"
+        )
+    if not isinstance(config["disable_any_whitespace"], bool):
+        raise ConfigError("structured_outputs_config.disable_any_whitespace must be true or false")
+    return config
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineArgs:
     """Everything that configures an engine, with vLLM's names and defaults."""
@@ -114,11 +142,17 @@ class EngineArgs:
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
     speculative_config: Optional[SpeculativeConfig] = None  # or vLLM's dict / its JSON text
+    structured_outputs_config: Optional[dict] = None  # vLLM's: backend, disable_any_whitespace
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
         object.__setattr__(
             self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config)
+        )
+        object.__setattr__(
+            self,
+            "structured_outputs_config",
+            structured_outputs_config(self.structured_outputs_config),
         )
         self.validate()
 
@@ -249,6 +283,13 @@ class EngineArgs:
             default=None,
             help="JSON object of generation-config fields that win over the file's, "
             "e.g. '{\"temperature\": 0.5}'",
+        )
+        group.add_argument(
+            "--structured-outputs-config",
+            type=json_object,
+            default=None,
+            help='structured output, as vLLM\'s JSON: \'{"backend": "xgrammar", '
+            '"disable_any_whitespace": false}\' lets JSON hold free whitespace (default: compact)',
         )
         group.add_argument(
             "--speculative-config",

@@ -152,3 +152,36 @@ def test_bounded_strings_never_admit_control_characters(demo_llm):
         allowed = ((bitmask[0].unsqueeze(-1) >> torch.arange(32)) & 1).reshape(-1).bool()
         assert not allowed[control].any()
         assert allowed[[i for i, b in enumerate(decoded) if b == b"a"]].all()
+
+
+def test_the_engine_config_decides_whitespace_unless_the_request_does(demo_llm):
+    import torch
+
+    from octavo import LLM
+    from octavo.config import EngineArgs
+    from octavo.errors import ConfigError
+
+    def newline_allowed(backend, params) -> bool:
+        matcher = backend.matcher(params)
+        assert matcher.accept_string("{")
+        bitmask = backend.allocate_bitmask(1)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        allowed = ((bitmask[0].unsqueeze(-1) >> torch.arange(32)) & 1).reshape(-1).bool()
+        newline = [i for i, b in enumerate(backend.tokenizer_info.decoded_vocab) if b == b"\n"]
+        return bool(allowed[newline].all())
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    compact = demo_llm.engine.grammar_backend()
+    loose_llm = LLM(
+        str(demo_llm.engine.args.model),
+        kv_cache_memory="16MiB",
+        structured_outputs_config={"disable_any_whitespace": False},
+    )
+    loose = loose_llm.engine.grammar_backend()
+    assert not newline_allowed(compact, StructuredOutputsParams(json=schema))
+    assert newline_allowed(loose, StructuredOutputsParams(json=schema))
+    assert newline_allowed(compact, StructuredOutputsParams(json=schema, any_whitespace=True))
+    assert not newline_allowed(loose, StructuredOutputsParams(json=schema, any_whitespace=False))
+    for bad, field in (({"backend": "outlines"}, "backend"), ({"whitespace": 1}, "whitespace")):
+        with pytest.raises(ConfigError, match=f"structured_outputs_config.{field}"):
+            EngineArgs(structured_outputs_config=bad)

@@ -31,7 +31,12 @@ class LLMEngine:
         self.model_config = self.core.model_config
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         mc = self.model_config
-        self.grammar_backend = LazyGrammarBackend(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
+        self.grammar_backend = LazyGrammarBackend(
+            self.tokenizer,
+            mc.vocab_size,
+            mc.eos_token_ids,
+            any_whitespace=not self.args.structured_outputs_config["disable_any_whitespace"],
+        )
         self.core.runner.enable_structured_output(self.grammar_backend)
         self.input_processor = InputProcessor(
             self.tokenizer, mc.vocab_size, mc.max_model_len, mc.eos_token_ids, self.grammar_backend

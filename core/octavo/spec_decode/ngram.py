@@ -33,7 +33,7 @@ def propose_ngram(
     rows = np.arange(num_rows)
     run = np.zeros((num_rows, width), dtype=np.int64)
     alive = np.ones((num_rows, width), dtype=bool)
-    for j in range(max_n):
+    for j in range(min(max_n, width)):  # no match is longer than the row
         back = lengths - 1 - j  # the row's j-th token from its end
         wanted = tokens[rows, np.maximum(back, 0)]
         alive[:, j:] &= tokens[:, : width - j] == wanted[:, None]

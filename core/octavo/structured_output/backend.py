@@ -20,10 +20,19 @@ class GrammarBackend:
     """Compiles a request's constraint into an xgrammar ``CompiledGrammar`` (cached) and makes
     matchers from it. A constraint xgrammar cannot compile is a ValueError naming the field."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int] = (),
+        any_whitespace: bool = False,
+    ):
+        """``any_whitespace``: whether JSON may hold free whitespace when a request does not
+        say (``--structured-outputs-config``)."""
         import xgrammar
 
         self.xgrammar = xgrammar
+        self.any_whitespace = any_whitespace
         self.vocab_size = vocab_size
         self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
@@ -35,7 +44,7 @@ class GrammarBackend:
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The compiled grammar of ``params`` (from the cache when it was compiled before)."""
-        key = params.key()
+        key = (*params.key(), self._any_whitespace(params))
         with self._lock:
             compiled = self._compiled.get(key)
         if compiled is not None:
@@ -57,7 +66,8 @@ class GrammarBackend:
             schema = params.json if kind == "json" else {"type": "object"}
             if not isinstance(schema, dict):
                 schema = {}  # ``true``: any JSON value
-            return compiler.compile_grammar(self._json_grammar(schema, params.any_whitespace))
+            grammar = self._json_grammar(schema, self._any_whitespace(params))
+            return compiler.compile_grammar(grammar)
         if kind == "regex":
             return compiler.compile_regex(params.regex)
         if kind == "choice":  # EBNF string literals take JSON's escapes
@@ -67,6 +77,9 @@ class GrammarBackend:
         if kind == "grammar":
             return compiler.compile_grammar(params.grammar)
         return compiler.compile_structural_tag(json.dumps(params.structural_tag))
+
+    def _any_whitespace(self, params: StructuredOutputsParams) -> bool:
+        return self.any_whitespace if params.any_whitespace is None else params.any_whitespace
 
     def _json_grammar(self, schema: dict, any_whitespace: bool) -> str:
         """xgrammar's grammar of ``schema``, with its bounded-length string characters (for
@@ -102,8 +115,14 @@ class LazyGrammarBackend:
     """``backend()`` builds the GrammarBackend on first use (xgrammar and the vocabulary scan
     cost start-up time an engine without structured output should not pay)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = ()):
-        self._args = (tokenizer, vocab_size, tuple(stop_token_ids))
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int] = (),
+        any_whitespace: bool = False,
+    ):
+        self._args = (tokenizer, vocab_size, tuple(stop_token_ids), any_whitespace)
         self._backend = None
         self._lock = threading.Lock()
 

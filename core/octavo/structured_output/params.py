@@ -15,8 +15,9 @@ class StructuredOutputsParams:
     """Exactly one constraint. ``json``: a JSON schema (dict or its JSON text); ``json_object``:
     any JSON object; ``regex``; ``choice``: one of these strings; ``grammar``: EBNF (xgrammar's
     GBNF dialect); ``structural_tag``: xgrammar's structural-tag format (dict or JSON text).
-    ``any_whitespace``: JSON may hold free whitespace between tokens (off by default: a small
-    model given it loops on newlines)."""
+    ``any_whitespace``: JSON may hold free whitespace between tokens (None: the engine's
+    ``--structured-outputs-config``, which leaves it off by default: a small model given it
+    loops on newlines)."""
 
     json: Union[None, str, dict[str, Any]] = None
     json_object: bool = False
@@ -24,7 +25,7 @@ class StructuredOutputsParams:
     choice: Optional[tuple[str, ...]] = None
     grammar: Optional[str] = None
     structural_tag: Union[None, str, dict[str, Any]] = None
-    any_whitespace: bool = False
+    any_whitespace: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -48,7 +49,7 @@ class StructuredOutputsParams:
                 object.__setattr__(self, name, value)
             if value is not None and not isinstance(value, (dict, bool)):
                 raise ValueError(f"structured_outputs.{name} must be a JSON object")
-        if not isinstance(self.json_object, bool) or not isinstance(self.any_whitespace, bool):
+        if not isinstance(self.json_object, bool) or self.any_whitespace not in (None, True, False):
             raise ValueError("structured_outputs.json_object and .any_whitespace are true or false")
         given = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
         if len(given) != 1:
