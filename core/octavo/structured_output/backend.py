@@ -129,5 +129,11 @@ class LazyGrammarBackend:
     def __call__(self) -> GrammarBackend:
         with self._lock:
             if self._backend is None:
-                self._backend = GrammarBackend(*self._args)
+                try:
+                    self._backend = GrammarBackend(*self._args)
+                except ImportError as exc:
+                    raise ValueError(
+                        f"structured_outputs needs xgrammar, which cannot be imported ({exc}); "
+                        "install it: pip install xgrammar"
+                    ) from None
             return self._backend
