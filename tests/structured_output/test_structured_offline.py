@@ -185,3 +185,28 @@ def test_the_engine_config_decides_whitespace_unless_the_request_does(demo_llm):
     for bad, field in (({"backend": "outlines"}, "backend"), ({"whitespace": 1}, "whitespace")):
         with pytest.raises(ConfigError, match=f"structured_outputs_config.{field}"):
             EngineArgs(structured_outputs_config=bad)
+
+
+def test_a_structural_tag_holds_its_sequence(demo_llm):
+    """xgrammar's structural-tag format: a fixed opening, a JSON value of a schema, a closing."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [
+                {"type": "const_string", "value": "<answer>"},
+                {
+                    "type": "json_schema",
+                    "json_schema": {**schema, "required": ["n"]},
+                    "max_whitespace_cnt": 1,  # the tag's own whitespace rule
+                },
+                {"type": "const_string", "value": "</answer>"},
+            ],
+        },
+    }
+    params = constrained({"structural_tag": tag}, 48)
+    for output in demo_llm.generate(PROMPTS, [params] * len(PROMPTS), use_tqdm=False):
+        match = re.fullmatch(r"<answer>(.*)</answer>", output.outputs[0].text, re.S)
+        assert match, output.outputs[0].text
+        jsonschema.validate(json.loads(match.group(1)), {**schema, "required": ["n"]})
