@@ -86,6 +86,14 @@ class EngineGate:
             )
 
 
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    """Poll ``predicate`` until it holds (an AssertionError after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 def pending_commands(async_engine: AsyncEngine) -> int:
     """Commands (new requests, aborts) sent to the engine thread and not yet applied.
 

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import httpx2 as httpx
 import openai
 import pytest
-from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
+from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context, wait_for  # noqa: E402  (tests/server/engine_gate.py)
 from server_constants import MODEL_NAME  # noqa: E402  (tests/server/conftest.py)
 
 from octavo import SamplingParams
 from octavo.entrypoints.openai.serving_common import ServerConfig
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_api_key_required_on_api_routes(server_factory):

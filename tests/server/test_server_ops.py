@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 
 import httpx2 as httpx
 import pytest
-from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
+from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context, wait_for  # noqa: E402  (tests/server/engine_gate.py)
 
 from octavo import SamplingParams
 
@@ -19,13 +18,6 @@ PROMPTS = [
     "lily saw a big red ball",
     "tom and his mom went home",
 ]
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_64_concurrent_streams_complete_with_offline_text(server, offline):

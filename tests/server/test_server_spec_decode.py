@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx2 as httpx
 import pytest
-from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context  # noqa: E402  (tests/server/engine_gate.py)
+from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context, wait_for  # noqa: E402  (tests/server/engine_gate.py)
 
 from octavo import SamplingParams
 from octavo.cli import main
@@ -23,13 +22,6 @@ NGRAM = {
     "adaptive": False,  # every draft scheduled, whatever the machine's speed
 }
 PROMPTS = ["once upon a time", "the dog ran to the park", "lily saw a big red ball"]
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from octavo.model_executor.step_inputs import ragged_index
 from octavo.platform.types import SamplingMetadata
 from octavo.sampling_params import SamplingParams, needs_processing
 from octavo.sched.output import NewRequestData
@@ -222,8 +223,7 @@ class InputBatch:
             self.num_tokens[rows[fits]] += 1
             return [[token] for token in tokens[:, 0].tolist()]
         counts = (tokens >= 0).sum(axis=1)
-        row = np.repeat(np.arange(len(rows)), counts)
-        offset = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+        row, offset = ragged_index(counts)
         columns = self.num_tokens[rows[row]] + offset
         fits = columns < self.max_model_len
         self.token_ids[rows[row][fits], columns[fits]] = tokens[tokens >= 0][fits]

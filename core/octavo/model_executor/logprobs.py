@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from octavo.model_executor.runner_output import StepLogprobs
+from octavo.model_executor.step_inputs import ragged_index
 
 
 def compute_logprobs(
@@ -60,8 +61,8 @@ def emitted_logprobs(
         return out
     counts = (tokens >= 0).sum(axis=1)
     starts = np.cumsum(num_drafts + 1) - (num_drafts + 1)
-    row = np.repeat(np.arange(len(counts)), counts)
-    position = starts[row] + np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+    row, offset = ragged_index(counts)
+    position = starts[row] + offset
     index = torch.from_numpy(position).to(logits.device)
     chosen = torch.from_numpy(tokens[tokens >= 0]).to(logits.device)
     per_position = compute_logprobs(logits.index_select(0, index), chosen, num_logprobs[row])

@@ -12,6 +12,14 @@ import torch
 from octavo.platform.types import AttentionMetadata
 
 
+def ragged_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, offset)`` of each item of rows holding ``counts [S]`` items, flat in row order."""
+    counts = counts.astype(np.int64)
+    row = np.repeat(np.arange(len(counts)), counts)
+    offset = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return row, offset
+
+
 @dataclasses.dataclass(slots=True)
 class StepInputs:
     """One step's flat batch, ready for the model."""

@@ -10,12 +10,13 @@ import torch
 
 from octavo.errors import ConfigError
 from octavo.model_executor.logprobs import emitted_logprobs
+from octavo.model_executor.step_inputs import ragged_index
 from octavo.platform.types import RejectionSamplerFn
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.ngram import NgramProposer
 from octavo.spec_decode.proposer import ProposeContext, Proposer
-from octavo.spec_decode.verifier import DraftVerifier, positions_per_row, ragged_index
+from octavo.spec_decode.verifier import DraftVerifier, positions_per_row
 
 if TYPE_CHECKING:
     from octavo.model_executor.input_batch import InputBatch

@@ -15,16 +15,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from octavo.model_executor.step_inputs import ragged_index
 from octavo.ops import reference
 from octavo.platform.types import RejectionSamplerFn, SamplingMetadata
-
-
-def ragged_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(row, offset)`` of each item of rows holding ``counts [S]`` items, flat in row order."""
-    counts = counts.astype(np.int64)
-    row = np.repeat(np.arange(len(counts)), counts)
-    offset = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return row, offset
 
 
 def positions_per_row(num_drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -115,14 +115,9 @@ class LazyGrammarBackend:
     """``backend()`` builds the GrammarBackend on first use (xgrammar and the vocabulary scan
     cost start-up time an engine without structured output should not pay)."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        vocab_size: int,
-        stop_token_ids: Sequence[int] = (),
-        any_whitespace: bool = False,
-    ):
-        self._args = (tokenizer, vocab_size, tuple(stop_token_ids), any_whitespace)
+    def __init__(self, *args: Any, **kwargs: Any):
+        """The arguments of ``GrammarBackend``."""
+        self._args, self._kwargs = args, kwargs
         self._backend = None
         self._lock = threading.Lock()
 
@@ -130,7 +125,7 @@ class LazyGrammarBackend:
         with self._lock:
             if self._backend is None:
                 try:
-                    self._backend = GrammarBackend(*self._args)
+                    self._backend = GrammarBackend(*self._args, **self._kwargs)
                 except ImportError as exc:
                     raise ValueError(
                         f"structured_outputs needs xgrammar, which cannot be imported ({exc}); "
