@@ -17,11 +17,42 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, IM_START, IM_END)
 
 # A ChatML-style template: the model was trained on code only, so chat turns are a convenience
-# for the server's /v1/chat/completions, not a skill the model has.
+# for the server's /v1/chat/completions, not a skill the model has. With ``tools`` it renders them
+# the Hermes way (a system turn listing them in <tools></tools>; an assistant's calls as
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>; tool results as <tool_response> in a
+# user turn), the format octavo's built-in "hermes" tool parser reads and constrains. Without
+# tools or tool messages it renders exactly the plain ChatML turns.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions. Their signatures, within <tools></tools>:"
+    "\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\n\nFor each call, return a JSON object with the function name and arguments "
+    'within <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n\' }}'
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% if not loop.first or message['content'] %}{{ '\n' }}{% endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": '"
+    " + (call['function']['arguments'] | tojson) + '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

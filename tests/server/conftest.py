@@ -151,6 +151,20 @@ def server_factory(server_model) -> Callable[..., RunningServer]:
 
 
 @pytest.fixture(scope="module")
+def module_server_factory() -> Callable[..., RunningServer]:
+    """Start servers on a model of the test's choosing; all are stopped after the module."""
+    servers = []
+
+    def factory(model: Path, config: Optional[ServerConfig] = None, **engine_args):
+        servers.append(start_server(model, config, **engine_args))
+        return servers[-1]
+
+    yield factory
+    for running in servers:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
 def server(server_model) -> RunningServer:
     """One server per test module, with the default settings."""
     running = start_server(server_model)

@@ -67,8 +67,11 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: Optional[str] = None,
+        tools: Optional[list[dict]] = None,
     ) -> list[RequestOutput]:
-        """Generate replies to conversations, rendered with the tokenizer's chat template."""
+        """Generate replies to conversations, rendered with the tokenizer's chat template
+        (``tools``: OpenAI's function entries, for the template to show the model; to
+        constrain the output to calls, serve it and send ``tool_choice``)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.engine.tokenizer
         prompts = []
@@ -80,6 +83,7 @@ class LLM:
                     conversation,
                     add_generation_prompt=add_generation_prompt,
                     chat_template=chat_template,
+                    tools=tools,
                     tokenize=False,
                 )
             except ValueError as exc:

@@ -165,13 +165,23 @@ class Platform:
 
     def model_architectures(self) -> dict[str, type]:
         """Architecture name -> model class from every plugin; a name offered twice is an error."""
-        merged: dict[str, type] = {}
-        for result in self.pm.hook.octavo_model_architectures():
-            for arch, model_cls in (result or {}).items():
-                if arch in merged and merged[arch] is not model_cls:
-                    raise PlatformError(
-                        f"architecture {arch!r} is provided by two plugins "
-                        f"({merged[arch].__module__} and {model_cls.__module__}); uninstall one"
-                    )
-                merged[arch] = model_cls
-        return merged
+        return _merged(self.pm.hook.octavo_model_architectures(), "architecture")
+
+    def tool_parsers(self) -> dict[str, type]:
+        """Tool-parser name -> class from every plugin; a name offered twice is an error."""
+        return _merged(self.pm.hook.octavo_tool_parsers(), "tool parser")
+
+
+def _merged(results: list, what: str) -> dict[str, type]:
+    """One mapping from a collecting hook's ``{name: class}`` results; a name two plugins offer
+    (with different classes) is a PlatformError."""
+    merged: dict[str, type] = {}
+    for result in results:
+        for name, cls in (result or {}).items():
+            if name in merged and merged[name] is not cls:
+                raise PlatformError(
+                    f"{what} {name!r} is provided by two plugins "
+                    f"({merged[name].__module__} and {cls.__module__}); uninstall one"
+                )
+            merged[name] = cls
+    return merged

@@ -235,3 +235,12 @@ def octavo_kv_connectors() -> Optional[dict[str, type]]:
 
     Collects every result. Called once at start-up when a connector is configured.
     """
+
+
+@hookspec
+def octavo_tool_parsers() -> Optional[dict[str, type]]:
+    """Return ``{"hermes": cls}``: tool-call parsers (:class:`octavo.tool_parsers.ToolParser`,
+    built with no arguments) by the name ``--tool-call-parser`` takes.
+
+    Collects every result; a name offered twice is an error. Called once at server start-up.
+    """

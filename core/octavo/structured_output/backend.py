@@ -16,6 +16,17 @@ _BOUNDED_STRING_CHARACTER = r"[^\"\\\r\n]"
 _JSON_STRING_CHARACTER = r"[^\0-\x1f\"\\]"
 
 
+def json_grammar(schema: dict, any_whitespace: bool) -> str:
+    """xgrammar's EBNF grammar of JSON matching ``schema``, with its bounded-length string
+    characters (for ``minLength``/``maxLength``) kept to what JSON allows unescaped: xgrammar
+    0.2.9 lets them be control characters, which no JSON parser accepts. Tool calls' arguments
+    use it too (as a structural tag's ``grammar`` content), so they follow the same rules."""
+    import xgrammar
+
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+    return str(grammar).replace(_BOUNDED_STRING_CHARACTER, _JSON_STRING_CHARACTER)
+
+
 class GrammarBackend:
     """Compiles a request's constraint into an xgrammar ``CompiledGrammar`` (cached) and makes
     matchers from it. A constraint xgrammar cannot compile is a ValueError naming the field."""
@@ -66,7 +77,7 @@ class GrammarBackend:
             schema = params.json if kind == "json" else {"type": "object"}
             if not isinstance(schema, dict):
                 schema = {}  # ``true``: any JSON value
-            grammar = self._json_grammar(schema, self._any_whitespace(params))
+            grammar = json_grammar(schema, self._any_whitespace(params))
             return compiler.compile_grammar(grammar)
         if kind == "regex":
             return compiler.compile_regex(params.regex)
@@ -80,15 +91,6 @@ class GrammarBackend:
 
     def _any_whitespace(self, params: StructuredOutputsParams) -> bool:
         return self.any_whitespace if params.any_whitespace is None else params.any_whitespace
-
-    def _json_grammar(self, schema: dict, any_whitespace: bool) -> str:
-        """xgrammar's grammar of ``schema``, with its bounded-length string characters (for
-        ``minLength``/``maxLength``) kept to what JSON allows unescaped: xgrammar 0.2.9 lets
-        them be control characters, which no JSON parser accepts."""
-        grammar = self.xgrammar.Grammar.from_json_schema(
-            json.dumps(schema), any_whitespace=any_whitespace
-        )
-        return str(grammar).replace(_BOUNDED_STRING_CHARACTER, _JSON_STRING_CHARACTER)
 
     def matcher(self, params: StructuredOutputsParams) -> Any:
         """A fresh matcher for one request (it can take back any number of accepted tokens:
@@ -120,6 +122,11 @@ class LazyGrammarBackend:
         self._args, self._kwargs = args, kwargs
         self._backend = None
         self._lock = threading.Lock()
+
+    @property
+    def any_whitespace(self) -> bool:
+        """Whether JSON may hold free whitespace when a request does not say."""
+        return self._kwargs.get("any_whitespace", False)
 
     def __call__(self) -> GrammarBackend:
         with self._lock:

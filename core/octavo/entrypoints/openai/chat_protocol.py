@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal, Optional, Union
 
@@ -15,7 +16,8 @@ from octavo.entrypoints.openai.protocol import (
     UsageInfo,
 )
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 
 
 class TextContentPart(RequestModel):
@@ -23,12 +25,29 @@ class TextContentPart(RequestModel):
     text: Optional[str] = None
 
 
+class FunctionCall(RequestModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(RequestModel):
+    """A call an earlier assistant message made."""
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(RequestModel):
-    """One message; ``content`` is text or a list of ``{"type": "text", "text": ...}`` parts."""
+    """One message; ``content`` is text or a list of ``{"type": "text", "text": ...}`` parts;
+    an assistant's may carry ``tool_calls``, a ``tool`` message answers one by
+    ``tool_call_id``."""
 
     role: str
     content: Union[str, list[TextContentPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[MessageToolCall]] = None
+    tool_call_id: Optional[str] = None
 
     def text(self) -> str:
         """The message's text; raises ValueError for roles and parts this server cannot render."""
@@ -45,6 +64,67 @@ class ChatMessage(RequestModel):
             parts.append(part.text)
         return "".join(parts)
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template takes it: ``role`` (developer -> system) and
+        ``content``; an assistant's calls with their arguments as objects (templates write
+        them with ``tojson``), a tool message's ``tool_call_id``."""
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {self.role!r} ones")
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _arguments(call.function),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.role == "tool":
+            if self.tool_call_id is None:
+                raise ValueError("a tool message needs the tool_call_id of the call it answers")
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments(function: FunctionCall) -> Any:
+    try:
+        return json.loads(function.arguments)
+    except ValueError:
+        raise ValueError(
+            f"the arguments of the call to {function.name!r} are not JSON: "
+            f"{function.arguments[:80]!r}"
+        ) from None
+
+
+class FunctionDefinition(RequestModel):
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema; absent: any JSON object
+    strict: Optional[bool] = None
+
+
+class ChatCompletionTool(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    """``{"type": "function", "function": {"name": ...}}``: call exactly this tool."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
 
 class ChatCompletionRequest(SamplingRequest):
     """The body of POST /v1/chat/completions."""
@@ -54,20 +134,24 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI for max_completion_tokens
     logprobs: bool = False
     top_logprobs: Optional[NumLogprobs] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    tools: Optional[list[ChatCompletionTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
-    def conversation(self) -> list[dict[str, str]]:
-        """The messages as ``{"role", "content"}`` dicts for a chat template
-        (developer -> system)."""
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as a chat template takes them (``ChatMessage.for_template``)."""
         if not self.messages:
             raise ValueError("messages must contain at least one message")
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+        conversation = []
+        for index, message in enumerate(self.messages):
+            try:
+                conversation.append(message.for_template())
+            except ValueError as exc:
+                raise ValueError(f"messages entry {index}: {exc}") from None
+        return conversation
 
     def num_logprobs(self) -> Optional[int]:
         """How many top alternatives per token to return (None: no logprobs)."""
@@ -90,9 +174,21 @@ class ChatLogprobs(ResponseModel):
     content: list[ChatLogprobToken] = Field(default_factory=list)
 
 
+class ToolCallFunction(ResponseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(ResponseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]  # None: a message of tool calls only
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(ResponseModel):

@@ -18,6 +18,7 @@ DEMO_MODEL_NAME = "octavo-demo"
 # with a 512-token context, where --gpu-memory-utilization of a CPU's RAM would take most of it.
 DEMO_KV_CACHE_MEMORY = "1GiB"
 API_KEY_ENV = "OCTAVO_API_KEY"
+DEMO_TOOL_CALL_PARSER = "hermes"
 
 
 def demo_model_path() -> Path:
@@ -79,6 +80,18 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=10.0,
         help="seconds /health/ready waits for its one-token generation",
     )
+    server.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="read tool calls in this format (a name from the octavo_tool_parsers hook: "
+        "hermes is built in; default for the demo model: hermes)",
+    )
+    server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let tool_choice "auto" (the default with tools) through: free text, and calls '
+        "where the model opens one (needs --tool-call-parser; on for the demo model)",
+    )
     EngineArgs.add_cli_args(parser)
     return parser
 
@@ -105,10 +118,14 @@ def run_serve(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     overrides = {"model": args.model}
+    tool_call_parser, auto_tool_choice = args.tool_call_parser, bool(args.enable_auto_tool_choice)
     if args.model is None:
         overrides["model"] = str(demo_model_path())
         if args.kv_cache_memory is None:
             overrides["kv_cache_memory"] = DEMO_KV_CACHE_MEMORY
+        if tool_call_parser is None:  # its chat template writes calls the Hermes way
+            tool_call_parser = DEMO_TOOL_CALL_PARSER
+            auto_tool_choice = True
     model = overrides["model"]
     default_name = args.model if args.model is not None else DEMO_MODEL_NAME
     engine_args = EngineArgs.from_cli_args(args, **overrides)
@@ -120,6 +137,8 @@ def run_serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         chat_template=_chat_template(args.chat_template),
         ready_timeout=args.ready_timeout,
+        tool_call_parser=tool_call_parser,
+        enable_auto_tool_choice=auto_tool_choice,
     )
     # uvicorn restores this handler after its graceful shutdown and re-raises the signal: exit 0.
     signal.signal(signal.SIGTERM, _exit_zero)

@@ -32,9 +32,11 @@ from octavo.entrypoints.openai.serving_common import (
     sse,
     usage_event,
 )
-from octavo.entrypoints.openai.structured import constrain
+from octavo.entrypoints.openai.serving_tools import ToolCalling, finish_reason, tool_calling
+from octavo.entrypoints.openai.structured import constrain, constraint_of
 from octavo.inputs import TokensPrompt
-from octavo.outputs import CompletionOutput, Logprob, SampleLogprobs
+from octavo.outputs import Logprob, SampleLogprobs
+from octavo.tool_parsers import ToolCallStream
 
 
 def render_chat(
@@ -82,16 +84,31 @@ def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
     return error
 
 
-def _check_unsupported(body: ChatCompletionRequest) -> None:
-    if body.tools:
-        raise bad_request("tools are not supported yet", param="tools")
+async def _constrain(ctx: ServingContext, params, body: ChatCompletionRequest):
+    """``(params with the output constraint, the request's tool calling)``: a constraint comes
+    from the body's fields or from its tools, not both."""
+    constraint, field = constraint_of(body)
+    tools = tool_calling(
+        body,
+        ctx.tool_parser,
+        ctx.config.enable_auto_tool_choice,
+        ctx.engine.engine.grammar_backend.any_whitespace,
+    )
+    if tools.constraint is not None:
+        if constraint is not None:
+            raise bad_request(
+                f"{field} cannot be combined with tool calls (tool_choice constrains the "
+                'output to them); drop it or send tool_choice "none"',
+                param=field,
+            )
+        constraint, field = tools.constraint, "tools"
+    return await constrain(ctx.engine.engine, params, constraint, field), tools
 
 
 async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> Response:
     """Handle one /v1/chat/completions request."""
     body = ctx.parse(ChatCompletionRequest, await raw_request.body())
     ctx.check_model(body.model)
-    _check_unsupported(body)
     try:
         conversation = body.conversation()
         num_logprobs = body.num_logprobs()
@@ -103,13 +120,12 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
         params = body.sampling_params(max_tokens, num_logprobs, ctx.sampling_defaults)
     except ValueError as exc:
         raise _param_error(exc, body) from None
-    params = await constrain(ctx.engine.engine, params, body)
+    params, tools = await _constrain(ctx, params, body)
+    template_kwargs = dict(body.chat_template_kwargs or {})
+    if body.tools:
+        template_kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
     token_ids = render_chat(
-        ctx,
-        conversation,
-        body.add_generation_prompt,
-        body.continue_final_message,
-        body.chat_template_kwargs,
+        ctx, conversation, body.add_generation_prompt, body.continue_final_message, template_kwargs
     )
     param_error = functools.partial(_param_error, body=body)
     prompt = ctx.process_prompt(TokensPrompt(prompt_token_ids=token_ids), "messages")
@@ -121,7 +137,9 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     admission = ctx.admit(1)
     generators = ctx.start(request_id, [request])
     if body.stream:
-        stream = event_stream(_stream(ctx, request_id, body, len(token_ids), generators), admission)
+        stream = event_stream(
+            _stream(ctx, request_id, body, tools, len(token_ids), generators), admission
+        )
         return StreamingResponse(
             stream, media_type="text/event-stream", background=BackgroundTask(admission.release)
         )
@@ -131,24 +149,31 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
         return Response(status_code=499)
     finally:
         admission.release()
-    return JSONResponse(dump(_response(ctx, request_id, body, len(token_ids), final)))
+    return JSONResponse(dump(_response(ctx, request_id, body, tools, len(token_ids), final)))
 
 
 def _response(
-    ctx: ServingContext, request_id: str, body: ChatCompletionRequest, num_prompt_tokens: int, final
+    ctx: ServingContext,
+    request_id: str,
+    body: ChatCompletionRequest,
+    tools: ToolCalling,
+    num_prompt_tokens: int,
+    final,
 ) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(
-            index=completion.index,
-            message=ChatResponseMessage(content=completion.text),
-            logprobs=_logprobs(completion.logprobs, body.top_logprobs or 0)
-            if body.logprobs
-            else None,
-            finish_reason=completion.finish_reason,
-            stop_reason=completion.stop_reason,
+    choices = []
+    for completion in final.outputs:
+        content, tool_calls = tools.message(completion.text)
+        choices.append(
+            ChatChoice(
+                index=completion.index,
+                message=ChatResponseMessage(content=content, tool_calls=tool_calls),
+                logprobs=_logprobs(completion.logprobs, body.top_logprobs or 0)
+                if body.logprobs
+                else None,
+                finish_reason=finish_reason(completion.finish_reason, bool(tool_calls)),
+                stop_reason=completion.stop_reason,
+            )
         )
-        for completion in final.outputs
-    ]
     num_completion_tokens = sum(len(c.token_ids) for c in final.outputs)
     usage = UsageInfo(
         prompt_tokens=num_prompt_tokens,
@@ -164,6 +189,7 @@ async def _stream(
     ctx: ServingContext,
     request_id: str,
     body: ChatCompletionRequest,
+    tools: ToolCalling,
     num_prompt_tokens: int,
     generators: list[AsyncIterator],
 ) -> AsyncIterator[str]:
@@ -176,34 +202,46 @@ async def _stream(
         "model": ctx.config.served_model_name,
     }
 
-    def chunk(
-        index: int, delta: dict, completion: Optional[CompletionOutput] = None, logprobs=None
-    ) -> str:
+    def chunk(index: int, delta: dict, finish_reason=None, stop_reason=None, logprobs=None) -> str:
         choice = {
             "index": index,
             "delta": delta,
             "logprobs": None if logprobs is None else dump(logprobs),
-            "finish_reason": completion.finish_reason if completion else None,
-            "stop_reason": completion.stop_reason if completion else None,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
         }
         return sse({**head, "choices": [choice], "usage": None})
 
     num_completion_tokens = 0
+    texts = [""] * body.n  # with tool calling, each choice's text so far, re-parsed per delta
+    streams = [ToolCallStream() for _ in range(body.n if tools.parser is not None else 0)]
+    made_calls = [False] * body.n
     for index in range(body.n):
         yield chunk(index, {"role": "assistant", "content": ""})
     async with contextlib.aclosing(merge_outputs(generators)) as outputs:
         async for _, output in outputs:
             for completion in output.outputs:
+                index = completion.index
                 num_completion_tokens += len(completion.token_ids)
                 logprobs = (
                     _logprobs(completion.logprobs, body.top_logprobs or 0)
                     if body.logprobs
                     else None
                 )
-                if completion.text or (logprobs and logprobs.content):
-                    yield chunk(completion.index, {"content": completion.text}, logprobs=logprobs)
+                content, calls = completion.text, []
+                if streams:
+                    texts[index] += completion.text
+                    parsed = tools.parse(texts[index], final=completion.finish_reason is not None)
+                    content, calls = streams[index].update(parsed)
+                    made_calls[index] = made_calls[index] or bool(calls)
+                if content or calls or (logprobs and logprobs.content):
+                    delta = {"content": content} if content or not calls else {}
+                    if calls:
+                        delta["tool_calls"] = calls
+                    yield chunk(index, delta, logprobs=logprobs)
                 if completion.finish_reason is not None:
-                    yield chunk(completion.index, {}, completion)
+                    reason = finish_reason(completion.finish_reason, made_calls[index])
+                    yield chunk(index, {}, reason, completion.stop_reason)
     if body.include_usage:
         yield usage_event(head, num_prompt_tokens, num_completion_tokens)
 

@@ -23,7 +23,7 @@ from octavo.entrypoints.openai.errors import (
     from_value_error,
 )
 from octavo.entrypoints.openai.protocol import SAMPLING_FIELDS, UsageInfo, dump
-from octavo.errors import RequestError
+from octavo.errors import ConfigError, RequestError
 from octavo.inputs import (
     ProcessedPrompt,
     ProcessedRequest,
@@ -52,6 +52,8 @@ class ServerConfig:
     chat_template: Optional[str] = None
     ready_timeout: float = 10.0
     retry_after_s: int = 1
+    tool_call_parser: Optional[str] = None  # a name from the octavo_tool_parsers hook
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
 
 
 class ClientGone(Exception):
@@ -87,6 +89,7 @@ class ServingContext:
             else engine.engine.args.max_num_seqs + config.max_queue_len
         )
         self.num_admitted = 0
+        self.tool_parser = _tool_parser(engine, config)
 
     # --- checks ---------------------------------------------------------------------------------
 
@@ -209,6 +212,23 @@ class ServingContext:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         raise ClientGone()
+
+
+def _tool_parser(engine: AsyncEngine, config: ServerConfig) -> Any:
+    """The server's tool parser (None without ``tool_call_parser``), or ConfigError."""
+    if config.tool_call_parser is None:
+        if config.enable_auto_tool_choice:
+            raise ConfigError(
+                "--enable-auto-tool-choice needs --tool-call-parser NAME to read the calls"
+            )
+        return None
+    parsers = engine.engine.core.platform.tool_parsers()
+    if config.tool_call_parser not in parsers:
+        raise ConfigError(
+            f"--tool-call-parser {config.tool_call_parser!r} is not installed; "
+            f"use one of: {', '.join(sorted(parsers))}"
+        )
+    return parsers[config.tool_call_parser]()
 
 
 def engine_errors_as_openai(task: asyncio.Future) -> Any:

@@ -30,7 +30,7 @@ from octavo.entrypoints.openai.serving_common import (
     sse,
     usage_event,
 )
-from octavo.entrypoints.openai.structured import constrain
+from octavo.entrypoints.openai.structured import constrain, constraint_of
 from octavo.inputs import ProcessedPrompt, PromptType
 from octavo.outputs import CompletionOutput, SampleLogprobs
 
@@ -76,7 +76,7 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
         params = body.sampling_params(body.max_tokens, body.logprobs, ctx.sampling_defaults)
     except ValueError as exc:
         raise _param_error(exc) from None
-    params = await constrain(ctx.engine.engine, params, body)
+    params = await constrain(ctx.engine.engine, params, *constraint_of(body))
     options = ctx.options(body, _param_error)
     request_id = new_request_id("cmpl")
     requests = [

@@ -81,10 +81,15 @@ def constraint_of(body: Any) -> tuple[Optional[StructuredOutputsParams], Optiona
         raise bad_request(f"{field}: {exc}", param=field) from None
 
 
-async def constrain(engine: Any, params: SamplingParams, body: Any) -> SamplingParams:
-    """``params`` with the body's constraint, its grammar compiled (or found in the cache) on a
-    worker thread within ``COMPILE_TIMEOUT_S``; a 400 naming the field when it cannot be."""
-    constraint, field = constraint_of(body)
+async def constrain(
+    engine: Any,
+    params: SamplingParams,
+    constraint: Optional[StructuredOutputsParams],
+    field: Optional[str],
+) -> SamplingParams:
+    """``params`` with ``constraint`` (from the body's ``field``), its grammar compiled (or
+    found in the cache) on a worker thread within ``COMPILE_TIMEOUT_S``; a 400 naming the field
+    when it cannot be."""
     if constraint is None:
         return params
     backend = engine.grammar_backend
