@@ -398,3 +398,17 @@ def test_speculation_gives_the_same_calls_in_multi_token_deltas(tool_server, mod
     assert num_deltas < usage.completion_tokens  # some deltas held several tokens
     ((_, calls, finish),) = _streamed(spec, **kwargs)
     assert calls == _calls(expected.message) and finish == "tool_calls"
+
+
+def test_tokenize_renders_the_tools_as_the_chat_endpoint_does(tool_server):
+    body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS}
+    counted = httpx.post(f"{tool_server.base_url}/tokenize", json=body, timeout=30).json()
+    plain = httpx.post(
+        f"{tool_server.base_url}/tokenize", json={**body, "tools": None}, timeout=30
+    ).json()
+    response = _create(tool_server, tool_choice="none", max_completion_tokens=1)
+    assert counted["count"] == response.usage.prompt_tokens > plain["count"]
+    bad = httpx.post(
+        f"{tool_server.base_url}/tokenize", json={**body, "tools": [{"type": "x"}]}, timeout=30
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"

@@ -153,6 +153,18 @@ class ChatCompletionRequest(SamplingRequest):
                 raise ValueError(f"messages entry {index}: {exc}") from None
         return conversation
 
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template takes beside the messages: ``chat_template_kwargs``, and the
+        tools as OpenAI's dicts (rendered whatever ``tool_choice`` says: with ``none`` the model
+        still sees them, as in OpenAI and vLLM)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.tools:
+            kwargs["tools"] = self.tool_dicts()
+        return kwargs
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+
     def num_logprobs(self) -> Optional[int]:
         """How many top alternatives per token to return (None: no logprobs)."""
         if self.top_logprobs is not None and not self.logprobs:

@@ -200,6 +200,7 @@ class TokenizeRequest(RequestModel):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[Any]] = None
+    tools: Optional[list[Any]] = None  # with messages: shown to the chat template
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

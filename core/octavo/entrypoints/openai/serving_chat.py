@@ -36,6 +36,7 @@ from octavo.entrypoints.openai.serving_tools import ToolCalling, finish_reason, 
 from octavo.entrypoints.openai.structured import constrain, constraint_of
 from octavo.inputs import TokensPrompt
 from octavo.outputs import Logprob, SampleLogprobs
+from octavo.sampling_params import SamplingParams
 from octavo.tool_parsers import ToolCallStream
 
 
@@ -84,7 +85,9 @@ def _param_error(exc: ValueError, body: ChatCompletionRequest) -> OpenAIError:
     return error
 
 
-async def _constrain(ctx: ServingContext, params, body: ChatCompletionRequest):
+async def _constrain(
+    ctx: ServingContext, params: SamplingParams, body: ChatCompletionRequest
+) -> tuple[SamplingParams, ToolCalling]:
     """``(params with the output constraint, the request's tool calling)``: a constraint comes
     from the body's fields or from its tools, not both."""
     constraint, field = constraint_of(body)
@@ -121,11 +124,12 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     except ValueError as exc:
         raise _param_error(exc, body) from None
     params, tools = await _constrain(ctx, params, body)
-    template_kwargs = dict(body.chat_template_kwargs or {})
-    if body.tools:
-        template_kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
     token_ids = render_chat(
-        ctx, conversation, body.add_generation_prompt, body.continue_final_message, template_kwargs
+        ctx,
+        conversation,
+        body.add_generation_prompt,
+        body.continue_final_message,
+        body.template_kwargs(),
     )
     param_error = functools.partial(_param_error, body=body)
     prompt = ctx.process_prompt(TokensPrompt(prompt_token_ids=token_ids), "messages")

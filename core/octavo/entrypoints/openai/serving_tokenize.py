@@ -26,13 +26,17 @@ async def tokenize(ctx: ServingContext, raw_request: Request) -> Response:
         tokens = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
         try:
-            chat = ChatCompletionRequest.model_validate({"messages": body.messages})
+            chat = ChatCompletionRequest.model_validate(
+                {"messages": body.messages, "tools": body.tools}
+            )
             conversation = chat.conversation()
         except ValidationError as exc:
             raise from_validation_errors(exc.errors()) from None
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
-        tokens = render_chat(ctx, conversation, body.add_generation_prompt)
+        tokens = render_chat(
+            ctx, conversation, body.add_generation_prompt, template_kwargs=chat.template_kwargs()
+        )
     return JSONResponse(
         {"tokens": list(tokens), "count": len(tokens), "max_model_len": ctx.max_model_len}
     )

@@ -70,7 +70,7 @@ def tool_calling(
         raise bad_request(
             "tools must hold at least one tool; leave the field out for none", param="tools"
         )
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    tools = body.tool_dicts()
     names = [tool["function"]["name"] for tool in tools]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -108,11 +108,15 @@ def tool_calling(
     return ToolCalling(parser, StructuredOutputsParams(structural_tag=tag))
 
 
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object"}
+
+
 def _json_content(tools: list[dict[str, Any]], any_whitespace: bool):
     """The parsers' ``json_content``: a tool's schema as a grammar, or a 400 naming the tool."""
 
     def json_content(schema: dict[str, Any]) -> dict[str, Any]:
-        names = [t["function"]["name"] for t in tools if t["function"].get("parameters") is schema]
+        names = [t["function"]["name"] for t in tools if _parameters(t) == schema]
         try:
             return {"type": "grammar", "grammar": json_grammar(schema, any_whitespace)}
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError, ValueError, ...
