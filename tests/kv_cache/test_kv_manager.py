@@ -73,6 +73,18 @@ def test_whole_prompt_cached_still_recomputes_last_token(manager, worker):
     assert num_hit == 4 and len(hits) == 1  # the block holding the last token is recomputed
 
 
+def test_an_eagle_engine_recomputes_the_last_cached_block():
+    """An EAGLE head's KV at a block's last position holds the token after it: a request that
+    shares only the prefix recomputes that block rather than read another's."""
+    manager = KVCacheManager(16, BS, recompute_last_cached_block=True)
+    worker = SimWorker(manager)
+    prefill(manager, worker, make(manager, "a", range(13)))
+    b = make(manager, "b", [*range(12), 50])
+    hits, num_hit = manager.get_computed_blocks(b)
+    assert num_hit == 8 and len(hits) == 2  # of three cached blocks
+    assert manager.get_computed_blocks(make(manager, "c", [0, 1, 2, 3, 9])) == ([], 0)
+
+
 @pytest.mark.parametrize(
     "first, second",
     [

@@ -24,3 +24,11 @@ def target_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def draft_model(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("spec_draft") / "llama", DRAFT)
+
+
+@pytest.fixture(scope="session")
+def eagle_head(tmp_path_factory, target_model) -> Path:
+    """A random EAGLE head for the target (its drafts are nearly all rejected)."""
+    from octavo.testing.tiny_models import write_random_eagle_head
+
+    return write_random_eagle_head(tmp_path_factory.mktemp("spec_eagle") / "head", target_model)

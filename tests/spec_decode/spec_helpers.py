@@ -100,3 +100,40 @@ def draft(path: Path, k: int = 3, **extra) -> dict:
         "adaptive": False,
         **extra,
     }
+
+
+def eagle(path: Path, k: int = 3, **extra) -> dict:
+    return {
+        "method": "eagle",
+        "model": str(path),
+        "num_speculative_tokens": k,
+        "adaptive": False,
+        **extra,
+    }
+
+
+def write_self_eagle_head(folder: Path, target: Path) -> Path:
+    """An EAGLE head that is its one-layer target's own layer (``fc`` passes the token's
+    embedding through, the target's final norm): at position p it computes the target's hidden
+    state for the token at p + 1 from every token but the first, so it drafts what the target
+    would, nearly always. Drafts that follow it show the head's KV bookkeeping is right."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from octavo.spec_decode.eagle_head import head_config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head_config(json.loads((target / "config.json").read_text()))
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(target / "model.safetensors"))
+    head = {
+        name[len("model.") :]: tensor
+        for name, tensor in weights.items()
+        if name.startswith("model.layers.0.") or name == "model.norm.weight"
+    }
+    hidden = config["hidden_size"]
+    head["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    save_file(head, str(folder / "model.safetensors"))
+    return folder

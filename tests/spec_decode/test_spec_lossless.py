@@ -10,6 +10,7 @@ import pytest
 from spec_helpers import (
     assert_pool_clean,
     draft,
+    eagle,
     generate,
     make_llm,
     mixed_params,
@@ -43,13 +44,15 @@ def baseline(target_model) -> list[list[int]]:
     return token_ids(generate(make_llm(target_model), PROMPTS, PARAMS))
 
 
-@pytest.fixture(scope="module", params=["ngram", "draft-model", "self-draft"])
-def spec(request, target_model, draft_model) -> tuple[str, dict]:
+@pytest.fixture(scope="module", params=["ngram", "draft-model", "self-draft", "eagle"])
+def spec(request, target_model, draft_model, eagle_head) -> tuple[str, dict]:
     """The proposer: n-gram, a smaller random draft (mostly rejected), the target itself as its
-    own draft (mostly accepted)."""
+    own draft (mostly accepted), a random EAGLE head (mostly rejected)."""
     name = request.param
     if name == "ngram":
         return name, ngram(4)
+    if name == "eagle":
+        return name, eagle(eagle_head, 3)
     return name, draft(draft_model if name == "draft-model" else target_model, 3)
 
 
@@ -75,7 +78,7 @@ def test_speculation_gives_the_tokens_of_plain_decoding(target_model, baseline, 
     assert_pool_clean(llm)
     stats = llm.engine.core.scheduler.spec_stats
     assert stats.num_draft_tokens > 0
-    if name != "draft-model":
+    if name not in ("draft-model", "eagle"):
         assert stats.num_accepted_tokens > 0.1 * stats.num_draft_tokens
     if engine in ("recompute", "swap"):
         scheduler_stats = llm.engine.core.scheduler.stats

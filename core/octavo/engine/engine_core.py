@@ -77,6 +77,7 @@ class EngineCore:
             enable_caching=self.args.enable_prefix_caching,
             hash_algo=self.args.prefix_caching_hash_algo,
             num_host_blocks=num_host_blocks,
+            recompute_last_cached_block=self.runner.recompute_last_cached_block,
         )
         spec = self.args.speculative_config
         self.spec_policy = SpeculationPolicy() if spec is not None and spec.adaptive else None

@@ -47,11 +47,16 @@ class KVCacheManager:
         enable_caching: bool = True,
         hash_algo: str = "sha256",
         num_host_blocks: int = 0,
+        recompute_last_cached_block: bool = False,
     ):
+        """``recompute_last_cached_block``: a prefix-cache hit leaves out its last block (an
+        EAGLE head's KV at a block's last position holds the token after it, which a request
+        sharing only the prefix has its own of; recomputing the block writes it)."""
         if num_blocks < 1:
             raise ConfigError(f"the KV cache needs at least one block; got num_blocks={num_blocks}")
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.recompute_last_cached_block = recompute_last_cached_block
         self.block_hasher = BlockHasher(block_size, hash_algo)
         self.block_pool = BlockPool(num_blocks)
         self.host_pool = HostBlockPool(num_host_blocks)
@@ -106,6 +111,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.recompute_last_cached_block and hits:
+            hits.pop()
         num_hit_tokens = len(hits) * self.block_size
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_hit_tokens

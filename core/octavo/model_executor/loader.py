@@ -73,6 +73,7 @@ def load_model(
     device: Union[str, torch.device],
     tp: TPGroup = TPGroup(),
     quantization: Optional[str] = None,
+    model_cls: Optional[type] = None,
 ) -> nn.Module:
     """Construct the model on ``device`` in ``config.dtype`` and load every checkpoint tensor,
     then quantise its linear layers when ``quantization`` (``"fp8"``) is given.
@@ -81,7 +82,7 @@ def load_model(
     ConfigError naming it.
     """
     check_quantization(quantization)
-    cls = model_class(config, platform)
+    cls = model_cls or model_class(config, platform)
     model = cls(config, platform, block_size=block_size, device=device, tp=tp)
     consumed = model.load_weights(iterate_checkpoint(config.model_path))
     missing = sorted(model.checkpoint_tensor_names() - consumed)

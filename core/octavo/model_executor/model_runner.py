@@ -119,6 +119,9 @@ class ModelRunner:
         )
         if self.speculation is not None:  # a draft model's KV caches sit beside the target's
             self.attention_layers += self.speculation.proposer.attention_layers
+        self.recompute_last_cached_block = (
+            self.speculation is not None and self.speculation.proposer.recompute_last_cached_block
+        )
         self.kv_caches: list[torch.Tensor] = []
         self.host_kv_caches: list[torch.Tensor] = []
         self.grammar: Optional[GrammarBitmask] = None
@@ -130,8 +133,13 @@ class ModelRunner:
         self.logits_processors.append(self.grammar)
 
     def build_model(self, model_config: ModelConfig):
-        """``(model, forward)``: a model of this runner's platform, block size, device and
-        quantisation, its linears packed, with the platform's forward for it."""
+        """``(model, forward)``: :meth:`load_model` with the platform's forward for it."""
+        model = self.load_model(model_config)
+        return model, self.platform.graph_runner(model, self.config)
+
+    def load_model(self, model_config: ModelConfig, model_cls: Optional[type] = None):
+        """A model (of ``model_cls``, else its config's architecture) of this runner's
+        platform, block size, device and quantisation, its linears packed."""
         platform = self.platform
         model = load_model(
             model_config,
@@ -140,10 +148,11 @@ class ModelRunner:
             device=self.device,
             tp=self.tp,
             quantization=self.config.quantization,
+            model_cls=model_cls,
         )
         widen_matmuls(model, platform.capabilities.widened_matmul_dtypes)
         pack_linears(model, platform.linear_packer(model_config.dtype))
-        return model, platform.graph_runner(model, self.config)
+        return model
 
     # --- KV cache ----------------------------------------------------------------------------
 
@@ -220,7 +229,7 @@ class ModelRunner:
             step = self._prepare_inputs(scheduler_output)
             hidden_states = self.forward(step.input_ids, step.positions, step.attn_metadata)
             if self.speculation is not None:
-                self.speculation.proposer.forward_step(step)
+                self.speculation.proposer.forward_step(step, hidden_states)
             return self._sample(hidden_states, step)
         except RequestError:
             self._forget_requests()

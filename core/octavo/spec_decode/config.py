@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Union
 
 from octavo.errors import ConfigError
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,8 @@ class SpeculativeConfig:
     ``ngram`` proposes the continuation of the longest earlier match of the request's last
     ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens (vLLM's defaults: 5 and 5; one bound
     given alone stands for both); ``draft_model`` runs ``model``, a
-    smaller model of the same tokenizer. ``disable_by_batch_size``: no drafts are proposed in a
+    smaller model of the same tokenizer; ``eagle`` runs ``model``, an EAGLE head trained for the
+    target (``octavo.spec_decode.eagle``). ``disable_by_batch_size``: no drafts are proposed in a
     step whose batch holds at least this many requests (None: always propose). ``adaptive``
     (octavo's): schedule a request's drafts only while they are expected to raise the step's
     tokens per second, from its measured acceptance and step times
@@ -101,17 +102,24 @@ class SpeculativeConfig:
                     "the ngram method uses no model"
                 )
         else:
+            what = _MODEL_OF[self.method]
             if not self.model:
                 raise ConfigError(
-                    "speculative_config.model is required for method 'draft_model': "
-                    "the local folder of a smaller model with the target's tokenizer"
+                    f"speculative_config.model is required for method {self.method!r}: "
+                    f"the local folder of {what}"
                 )
             path = Path(self.model).expanduser()
             if not (path / "config.json").is_file():
                 raise ConfigError(
                     f"speculative_config.model {self.model!r} is not a model folder "
-                    "(no config.json there); give the local folder of the draft model"
+                    f"(no config.json there); give the local folder of {what}"
                 )
+
+
+_MODEL_OF = {
+    "draft_model": "a smaller model with the target's tokenizer",
+    "eagle": "an EAGLE head made for the target (its format: octavo.spec_decode.eagle_head)",
+}
 
 
 def _positive(name: str, value: Any) -> None:

@@ -16,18 +16,15 @@ verifier's accept test.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
-from octavo.model_executor.model_config import ModelConfig
 from octavo.models.layers.attention import Attention
-from octavo.ops import reference
-from octavo.platform.types import AttentionMetadata
 from octavo.spec_decode.config import SpeculativeConfig, check_draft_model
+from octavo.spec_decode.drafting import DraftDistributions, decode_metadata, drafter_config
 from octavo.spec_decode.proposer import ProposeContext
-from octavo.spec_decode.verifier import target_distribution
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
 
@@ -43,16 +40,11 @@ class DraftModelProposer:
     """``speculative_config.method == "draft_model"``."""
 
     needs_lookahead_slots = True
+    recompute_last_cached_block = False
 
     def __init__(self, config: SpeculativeConfig, runner: Any):
         target = runner.model_config
-        self.model_config = ModelConfig.from_folder(
-            config.model,
-            dtype=target.dtype,
-            supported_dtypes=runner.platform.capabilities.dtypes,
-            platform_name=runner.platform.name,
-            max_model_len=target.max_model_len,
-        )
+        self.model_config = drafter_config(config.model, runner)
         check_draft_model(
             self.model_config.vocab_size,
             target.vocab_size,
@@ -65,9 +57,11 @@ class DraftModelProposer:
         self.block_size = runner.block_size
         self.device = runner.device
         self.max_model_len = target.max_model_len
-        self._probs: dict[str, torch.Tensor] = {}  # req id -> [k, V] probs of its drafts
+        self.distributions = DraftDistributions(self.model_config.vocab_size, self.k, self.device)
+        self.draft_probs = self.distributions.draft_probs
+        self.forget = self.distributions.forget
 
-    def forward_step(self, step: Any) -> None:
+    def forward_step(self, step: Any, hidden_states: torch.Tensor) -> None:
         """Write the draft's KV for the step's tokens (the target's flat batch)."""
         self.forward(step.input_ids, step.positions, step.attn_metadata)
 
@@ -77,9 +71,7 @@ class DraftModelProposer:
         num_drafts = np.clip(np.minimum(self.k, self.max_model_len - 1 - positions), 0, None)
         tokens = batch.token_ids[rows, positions].astype(np.int64)
         drafts = np.zeros((len(rows), self.k), dtype=np.int64)
-        probs = None
-        if batch.temperature[rows].any():
-            probs = torch.zeros(len(rows), self.k, self.model_config.vocab_size, device=self.device)
+        probs = self.distributions.new_probs(batch, rows)
         active = np.arange(len(rows))
         for j in range(self.k):
             active = active[num_drafts[active] > j]
@@ -94,10 +86,7 @@ class DraftModelProposer:
             batch.token_ids[rows[active], position + 1] = sampled  # seen by the processors
             if probs is not None:
                 probs[torch.from_numpy(active).to(self.device), j] = q
-        if probs is not None:
-            req_ids = batch.req_ids
-            for i in np.flatnonzero(num_drafts).tolist():
-                self._probs[req_ids[rows[i]]] = probs[i]
+        self.distributions.keep(batch, rows, num_drafts, probs)
         return drafts, num_drafts
 
     def _decode_one(self, batch, rows, tokens, positions, process_logits):
@@ -105,57 +94,11 @@ class DraftModelProposer:
         ``positions``): their next drafts and the draft's probabilities for them (0 for greedy
         rows), after the request's own logits processors."""
         device = self.device
-        metadata = batch.sampling_metadata(rows)
-        attn = self._decode_metadata(batch, rows, positions)
+        attn = decode_metadata(batch, rows, positions, self.block_size, device)
         hidden = self.forward(
             torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), attn
         )
         logits = self.model.compute_logits(hidden).float()
         if process_logits is not None:  # a draft whose processing fails is only a worse draft
             logits = process_logits(logits, rows, positions + 1, {})
-        if metadata.all_greedy:
-            return logits.argmax(dim=-1).cpu().numpy(), 0.0
-        q = target_distribution(logits, metadata, torch.arange(len(rows), device=device))
-        noise = reference.exponential_noise(q.shape, metadata, device)
-        temperature = metadata.temperature
-        sampled = torch.where(temperature > 0, (q / noise).argmax(dim=-1), logits.argmax(dim=-1))
-        q = torch.where((temperature > 0).unsqueeze(1), q, 0.0)
-        return sampled.cpu().numpy(), q
-
-    def _decode_metadata(self, batch, rows, positions) -> AttentionMetadata:
-        bs, device = self.block_size, self.device
-        seq_lens = positions + 1
-        num_cols = -(-int(seq_lens.max()) // bs)
-        block_table = batch.block_table[rows, :num_cols]
-        slots = block_table[np.arange(len(rows)), positions // bs].astype(np.int64) * bs
-        return AttentionMetadata(
-            query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
-            block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(device),
-            slot_mapping=torch.from_numpy(slots + positions % bs).to(device),
-            max_query_len=1,
-            max_seq_len=int(seq_lens.max()),
-            num_actual_tokens=len(rows),
-        )
-
-    def draft_probs(
-        self, batch: Any, rows: np.ndarray, num_drafts: np.ndarray
-    ) -> Optional[torch.Tensor]:
-        """``[sum(num_drafts), V]`` the probabilities ``rows``' drafts were drawn from (zeros for
-        greedy requests, whose verification reads none); None when every request is greedy."""
-        req_ids = batch.req_ids
-        pieces, any_random = [], False
-        for row, k in zip(rows.tolist(), num_drafts.tolist()):
-            probs = self._probs.pop(req_ids[row], None)
-            if k == 0:
-                continue
-            if probs is None:
-                probs = torch.zeros(k, self.model_config.vocab_size, device=self.device)
-            else:
-                any_random = True
-            pieces.append(probs[:k])
-        return torch.cat(pieces) if any_random else None
-
-    def forget(self, req_ids) -> None:
-        for req_id in req_ids:
-            self._probs.pop(req_id, None)
+        return self.distributions.sample(logits, batch.sampling_metadata(rows))

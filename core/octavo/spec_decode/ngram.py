@@ -56,12 +56,13 @@ class NgramProposer:
     """``speculative_config.method == "ngram"``."""
 
     needs_lookahead_slots = False
+    recompute_last_cached_block = False
     attention_layers: list = []
 
     def __init__(self, min_n: int, max_n: int, num_speculative_tokens: int):
         self.min_n, self.max_n, self.k = min_n, max_n, num_speculative_tokens
 
-    def forward_step(self, step) -> None:
+    def forward_step(self, step, hidden_states) -> None:
         pass
 
     def draft_probs(self, batch, rows, num_drafts) -> None:

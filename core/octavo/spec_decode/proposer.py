@@ -42,13 +42,17 @@ class Proposer(Protocol):
     """True when the proposer writes KV past the scheduled tokens (a draft model proposing K
     tokens ahead): the scheduler then allocates K lookahead slots."""
 
+    recompute_last_cached_block: bool
+    """True when the proposer's KV at a position depends on the token after it (an EAGLE
+    head): a prefix-cache hit then leaves out its last block, to be recomputed."""
+
     attention_layers: list
     """The proposer's own attention layers (a draft model's): the runner gives them KV caches
     beside the target's, on the same block ids."""
 
-    def forward_step(self, step: Any) -> None:
-        """Called after every target forward with its ``StepInputs`` (a draft model writes its
-        own KV for the step's tokens)."""
+    def forward_step(self, step: Any, hidden_states: torch.Tensor) -> None:
+        """Called after every target forward with its ``StepInputs`` and the target's hidden
+        states for them (a draft model or head writes its own KV for the step's tokens)."""
 
     def propose(self, context: ProposeContext) -> tuple[np.ndarray, np.ndarray]: ...
 

@@ -185,3 +185,24 @@ def write_tiny_model(
     model.save_pretrained(folder, **save_kwargs)
     build_tokenizer(spec.vocab_size).save_pretrained(folder)
     return folder
+
+
+def write_random_eagle_head(folder: Path, target: Path, seed: int = 0, std: float = 0.1) -> Path:
+    """An EAGLE head of random weights for the model in ``target`` (its drafts are mostly
+    rejected: for tests of losslessness, not of acceptance)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from octavo.spec_decode.eagle_head import head_config, head_tensor_shapes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head_config(json.loads((target / "config.json").read_text()))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in head_tensor_shapes(config).items():
+        noise = torch.randn(shape, generator=generator) * std
+        tensors[name] = noise + 1.0 if name.endswith("norm.weight") else noise
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder

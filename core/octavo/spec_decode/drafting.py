@@ -1,0 +1,105 @@
+"""What the proposers that run a model of their own share (a draft model, an EAGLE head): a
+one-token decode's attention metadata on the target's block table, drafts sampled from the
+drafter's distribution under each request's own sampling settings, and those distributions
+kept for the verifier's accept test."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from octavo.model_executor.model_config import ModelConfig
+from octavo.ops import reference
+from octavo.platform.types import AttentionMetadata
+from octavo.spec_decode.verifier import target_distribution
+
+
+class DraftDistributions:
+    """Drafts sampled from a drafter's logits, and their distributions until verification."""
+
+    def __init__(self, vocab_size: int, k: int, device: torch.device):
+        self.vocab_size, self.k, self.device = vocab_size, k, device
+        self._probs: dict[str, torch.Tensor] = {}  # req id -> [k, V] probs of its drafts
+
+    def new_probs(self, batch: Any, rows: np.ndarray) -> Optional[torch.Tensor]:
+        """``[len(rows), K, V]`` zeros to fill, or None when every row is greedy."""
+        if not batch.temperature[rows].any():
+            return None
+        return torch.zeros(len(rows), self.k, self.vocab_size, device=self.device)
+
+    def sample(self, logits: torch.Tensor, metadata: Any) -> tuple[np.ndarray, Any]:
+        """``(drafts, probs)`` from ``logits`` (after the requests' logits processors): greedy
+        rows take the argmax (probs 0), the others sample the drafter's distribution under
+        their temperature, top-k, top-p and min-p."""
+        if metadata.all_greedy:
+            return logits.argmax(dim=-1).cpu().numpy(), 0.0
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        q = target_distribution(logits, metadata, rows)
+        noise = reference.exponential_noise(q.shape, metadata, logits.device)
+        temperature = metadata.temperature
+        sampled = torch.where(temperature > 0, (q / noise).argmax(dim=-1), logits.argmax(dim=-1))
+        q = torch.where((temperature > 0).unsqueeze(1), q, 0.0)
+        return sampled.cpu().numpy(), q
+
+    def keep(self, batch: Any, rows: np.ndarray, num_drafts: np.ndarray, probs) -> None:
+        if probs is None:
+            return
+        req_ids = batch.req_ids
+        for i in np.flatnonzero(num_drafts).tolist():
+            self._probs[req_ids[rows[i]]] = probs[i]
+
+    def draft_probs(
+        self, batch: Any, rows: np.ndarray, num_drafts: np.ndarray
+    ) -> Optional[torch.Tensor]:
+        """``[sum(num_drafts), V]`` the probabilities ``rows``' drafts were drawn from (zeros for
+        greedy requests, whose verification reads none); None when every request is greedy."""
+        req_ids = batch.req_ids
+        pieces, any_random = [], False
+        for row, k in zip(rows.tolist(), num_drafts.tolist()):
+            probs = self._probs.pop(req_ids[row], None)
+            if k == 0:
+                continue
+            if probs is None:
+                probs = torch.zeros(k, self.vocab_size, device=self.device)
+            else:
+                any_random = True
+            pieces.append(probs[:k])
+        return torch.cat(pieces) if any_random else None
+
+    def forget(self, req_ids) -> None:
+        for req_id in req_ids:
+            self._probs.pop(req_id, None)
+
+
+def decode_metadata(
+    batch: Any, rows: np.ndarray, positions: np.ndarray, block_size: int, device
+) -> AttentionMetadata:
+    """Attention metadata of one token per row of ``rows`` at ``positions``, its KV written to
+    the position's slot in the row's blocks."""
+    seq_lens = positions + 1
+    num_cols = -(-int(seq_lens.max()) // block_size)
+    block_table = batch.block_table[rows, :num_cols]
+    slots = block_table[np.arange(len(rows)), positions // block_size].astype(np.int64)
+    return AttentionMetadata(
+        query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
+        block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(device),
+        slot_mapping=torch.from_numpy(slots * block_size + positions % block_size).to(device),
+        max_query_len=1,
+        max_seq_len=int(seq_lens.max()),
+        num_actual_tokens=len(rows),
+    )
+
+
+def drafter_config(folder: str, runner: Any) -> ModelConfig:
+    """The config of the drafter in ``folder``, in the target's dtype and context."""
+    target = runner.model_config
+    return ModelConfig.from_folder(
+        folder,
+        dtype=target.dtype,
+        supported_dtypes=runner.platform.capabilities.dtypes,
+        platform_name=runner.platform.name,
+        max_model_len=target.max_model_len,
+    )

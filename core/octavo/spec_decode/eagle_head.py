@@ -1,0 +1,133 @@
+"""EAGLE's draft head for a Llama-family target: one decoder layer that reads, at position p,
+the target's hidden state at p (after its final norm) and the embedding of the token at p + 1,
+and predicts the target's hidden state at p + 1; the target's own LM head turns that into the
+next token's logits, and the prediction feeds the head's next step (K serial steps per verify
+step).
+
+A head folder holds ``config.json`` (a Llama config of one layer, ``"architectures":
+["EagleHead"]``, the target's ``hidden_size`` and ``vocab_size``) and ``model.safetensors``:
+``fc.weight [hidden, 2 * hidden]`` (the concatenation ``[embedding, hidden state]`` down to
+one hidden state), ``layers.0.*`` (Llama names), ``norm.weight``. Its embedding and LM head are
+the target's, not stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from octavo.errors import ConfigError
+from octavo.models.layers.linear import TPGroup
+from octavo.models.layers.norm import RMSNorm
+from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from octavo.models.weights import expected_checkpoint_names, load_checkpoint_tensors
+
+ARCHITECTURE = "EagleHead"
+
+
+class EagleHead(nn.Module):
+    """The head; built by the loader (``model_cls``), then ``attach``-ed to its target."""
+
+    STACKED_PARAMS = LlamaForCausalLM.STACKED_PARAMS
+
+    def __init__(self, config, platform, *, block_size: int, device, tp: TPGroup = TPGroup()):
+        super().__init__()
+        self.dtype = config.dtype
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False, dtype=config.dtype, device=device)
+        attn = LlamaAttention(
+            config,
+            platform,
+            block_size=block_size,
+            device=device,
+            tp=tp,
+            qkv_bias=False,
+            o_bias=False,
+            sliding_window=None,
+        )
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(config, platform, attn, device=device, tp=tp)]
+        )
+        self.norm = RMSNorm(
+            hidden, config.rms_norm_eps, platform, dtype=config.dtype, device=device
+        )
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_model_len, config.rope, device
+        )
+        self._target: Any = None
+
+    def attach(self, target: nn.Module) -> None:
+        """Use ``target``'s token embedding and LM head (kept out of this module's weights)."""
+        object.__setattr__(self, "_target", target)
+
+    def forward(self, input_ids, hidden_states, positions, attn_metadata) -> torch.Tensor:
+        """The predicted hidden states (after the norm) for the positions after ``positions``,
+        from the tokens there (``input_ids``) and the hidden states at ``positions``."""
+        embeds = self._target.model.embed_tokens(input_ids)
+        hidden = self.fc(torch.cat([embeds, hidden_states.to(embeds.dtype)], dim=-1))
+        cos_sin = self.rotary_emb.cos_sin(positions, self.dtype)
+        hidden, residual = self.layers[0](hidden, None, cos_sin, attn_metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self._target.compute_logits(hidden_states)
+
+    def _skip(self, name: str) -> bool:
+        return "rotary_emb.inv_freq" in name
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_checkpoint_tensors(self, weights, self.STACKED_PARAMS, self._skip)
+
+    def checkpoint_tensor_names(self) -> set[str]:
+        return expected_checkpoint_names(self, self.STACKED_PARAMS)
+
+
+def check_eagle_head(head, target) -> None:
+    """A head must be an EagleHead of one layer made for a target of this hidden size and
+    vocabulary (``ModelConfig`` of each); else a ConfigError naming what differs."""
+    where = "speculative_config.model"
+    if head.architecture != ARCHITECTURE or head.num_hidden_layers != 1:
+        raise ConfigError(
+            f"{where} is not an EAGLE head: its config.json names {head.architecture!r} with "
+            f"{head.num_hidden_layers} layer(s); a head is {ARCHITECTURE!r} with 1 layer "
+            "(the format: octavo.spec_decode.eagle_head)"
+        )
+    for field in ("hidden_size", "vocab_size"):
+        if getattr(head, field) != getattr(target, field):
+            raise ConfigError(
+                f"{where} was made for a target with {field} {getattr(head, field)}, but this "
+                f"target has {getattr(target, field)}; train a head for this model"
+            )
+
+
+def head_config(target_config: dict[str, Any]) -> dict[str, Any]:
+    """The ``config.json`` of a head for a target of HF config ``target_config``: the target's
+    layer shape, one layer, the head's architecture."""
+    config = dict(target_config)
+    config.update(architectures=[ARCHITECTURE], num_hidden_layers=1, tie_word_embeddings=False)
+    return config
+
+
+def head_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape of every tensor a head of ``config`` (its config.json) holds."""
+    hidden, mlp = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    layer = "layers.0."
+    return {
+        "fc.weight": (hidden, 2 * hidden),
+        f"{layer}self_attn.q_proj.weight": (heads * head_dim, hidden),
+        f"{layer}self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+        f"{layer}self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+        f"{layer}self_attn.o_proj.weight": (hidden, heads * head_dim),
+        f"{layer}mlp.gate_proj.weight": (mlp, hidden),
+        f"{layer}mlp.up_proj.weight": (mlp, hidden),
+        f"{layer}mlp.down_proj.weight": (hidden, mlp),
+        f"{layer}input_layernorm.weight": (hidden,),
+        f"{layer}post_attention_layernorm.weight": (hidden,),
+        "norm.weight": (hidden,),
+    }

@@ -1,0 +1,106 @@
+"""The EAGLE proposer: a head made of its one-layer target's own layer drafts what the target
+would nearly always, and its drafts are the same batched, alone and in small chunks (its KV
+bookkeeping follows every step); a head that does not fit the target is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+from spec_helpers import (
+    TARGET,
+    assert_pool_clean,
+    eagle,
+    generate,
+    make_llm,
+    mixed_params,
+    mixed_prompts,
+    token_ids,
+    write_self_eagle_head,
+)
+
+from octavo.errors import ConfigError
+from octavo.testing.tiny_models import write_random_eagle_head, write_tiny_model
+
+PROMPTS = mixed_prompts(12, seed=3)
+PARAMS = mixed_params(len(PROMPTS), seed=3)
+
+
+@pytest.fixture(scope="module")
+def one_layer_target(tmp_path_factory):
+    spec = dataclasses.replace(TARGET, num_hidden_layers=1, seed=11)
+    return write_tiny_model(tmp_path_factory.mktemp("eagle_target") / "llama", spec)
+
+
+@pytest.fixture(scope="module")
+def self_head(tmp_path_factory, one_layer_target):
+    return write_self_eagle_head(tmp_path_factory.mktemp("eagle_self") / "head", one_layer_target)
+
+
+@pytest.fixture(scope="module")
+def baseline(one_layer_target) -> list[list[int]]:
+    return token_ids(generate(make_llm(one_layer_target), PROMPTS, PARAMS))
+
+
+def _run(target, head, prompts=PROMPTS, params=PARAMS, **engine_args):
+    llm = make_llm(target, eagle(head, 3), **engine_args)
+    outputs = token_ids(generate(llm, prompts, params))
+    assert_pool_clean(llm)
+    scheduler = llm.engine.core.scheduler
+    assert scheduler.stats.num_preempted_total > 0 or "kv_cache_memory" not in engine_args
+    return outputs, scheduler.spec_stats
+
+
+def test_a_head_of_the_targets_own_layer_drafts_what_the_target_would(
+    one_layer_target, self_head, baseline
+):
+    outputs, stats = _run(one_layer_target, self_head, enable_prefix_caching=False)
+    assert outputs == baseline
+    assert stats.num_accepted_tokens > 0.6 * stats.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        dict(max_num_batched_tokens=7),  # chunked prefill, drafts cut to the budget
+        dict(block_size=1, max_num_batched_tokens=64),
+        dict(kv_cache_memory=48 * 8192, max_num_batched_tokens=256),  # preemption
+    ],
+)
+def test_its_drafts_do_not_depend_on_batching_or_chunking(
+    one_layer_target, self_head, baseline, engine
+):
+    _, batched = _run(one_layer_target, self_head, enable_prefix_caching=False)
+    outputs, stats = _run(one_layer_target, self_head, enable_prefix_caching=False, **engine)
+    assert outputs == baseline
+    if "kv_cache_memory" not in engine:  # a preempted request recomputes: other drafts
+        assert stats.num_accepted_tokens == batched.num_accepted_tokens
+
+
+def test_alone_each_request_gets_the_drafts_it_gets_in_the_batch(
+    one_layer_target, self_head, baseline
+):
+    _, batched = _run(one_layer_target, self_head)
+    accepted = 0
+    for i, prompt in enumerate(PROMPTS):
+        outputs, stats = _run(one_layer_target, self_head, [prompt], [PARAMS[i]])
+        assert outputs == [baseline[i]]
+        accepted += stats.num_accepted_tokens
+    assert accepted == batched.num_accepted_tokens
+
+
+def test_a_head_for_another_target_is_refused(tmp_path, one_layer_target, target_model):
+    wide = dataclasses.replace(TARGET, hidden_size=32, num_attention_heads=2, seed=1)
+    other = write_tiny_model(tmp_path / "other", wide)
+    head = write_random_eagle_head(tmp_path / "head", other)
+    with pytest.raises(ConfigError, match="speculative_config.model was made for a target with"):
+        make_llm(one_layer_target, eagle(head))
+    with pytest.raises(ConfigError, match="speculative_config.model is not an EAGLE head"):
+        make_llm(one_layer_target, eagle(target_model))
+    shutil.rmtree(head)
+    (tmp_path / "head").mkdir()
+    (tmp_path / "head" / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ConfigError):
+        make_llm(one_layer_target, eagle(tmp_path / "head"))
