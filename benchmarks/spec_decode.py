@@ -1,8 +1,10 @@
 """Speculative decoding on the bundled demo model, side by side in one run: output tokens per
-second without speculation, with n-gram drafts and with a draft model, on two workloads.
+second without speculation, with n-gram drafts, a draft model and the shipped EAGLE head.
 
-    python benchmarks/spec_decode.py                      # both workloads, 3 alternated rounds
+    python benchmarks/spec_decode.py                      # code-b1, random-b32; 3 rounds
     python benchmarks/spec_decode.py --rounds 1 --out /tmp/spec.json
+    python benchmarks/spec_decode.py --workloads heldout-b1,heldout-b16 \
+        --configs ngram-every,eagle,eagle-every --num-speculative-tokens 2,4,6
 
 Workloads (greedy, EOS ignored):
 - ``code-b1``: one request at a time; each prompt is a short Python function followed by the
@@ -10,6 +12,8 @@ Workloads (greedy, EOS ignored):
   text the prompt holds: the case prompt lookup is for.
 - ``random-b32``: 32 requests at once of random token ids (64-192 tokens), the case where
   drafts rarely match.
+- ``heldout-b1`` / ``heldout-b16``: the first 128 tokens of standard-library files the demo
+  model and its EAGLE head never trained on (the held-out split), one at a time / 16 at once.
 
 Draft model: the demo model's first layer with its own embeddings, final norm and head (a
 layer-skip draft with the target's trained weights and tokenizer, written to a temporary
@@ -36,7 +40,12 @@ from octavo import LLM, SamplingParams
 from octavo.bench.datasets import random_requests
 from octavo.bench.report import spec_decode_report
 
-DEMO = Path(__file__).resolve().parent.parent / "core" / "octavo" / "data" / "demo-model"
+DATA = Path(__file__).resolve().parent.parent / "core" / "octavo" / "data"
+DEMO = DATA / "demo-model"
+EAGLE_HEAD = DATA / "demo-model-eagle"
+# The demo model's corpus rule (scripts/demo_model/corpus.py): folders that are not library
+# source; its held-out files are the same hash split train-draft uses.
+NOT_LIBRARY = ("site-packages", "test", "tests", "idle_test", "encodings", "pydoc_data")
 
 FUNCTIONS = [
     '''def count_words(text):
@@ -123,8 +132,9 @@ def layer_skip_draft(folder: Path, num_layers: int = 1) -> Path:
 
 
 def configs(draft: Path, k: int) -> dict[str, dict | None]:
-    """No speculation, n-gram and the draft model with the adaptive policy (the default), and
-    both with every draft scheduled (``adaptive: false``) to show what the policy does."""
+    """No speculation, n-gram, the draft model and the EAGLE head with the adaptive policy (the
+    default), and each with every draft scheduled (``adaptive: false``) to show what the
+    policy does."""
     ngram = {
         "method": "ngram",
         "num_speculative_tokens": k,
@@ -132,13 +142,40 @@ def configs(draft: Path, k: int) -> dict[str, dict | None]:
         "prompt_lookup_max": 4,
     }
     draft_model = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
+    eagle = {"method": "eagle", "model": str(EAGLE_HEAD), "num_speculative_tokens": k}
     return {
         "none": None,
         "ngram": ngram,
         "ngram-every": {**ngram, "adaptive": False},
         "draft_model": draft_model,
         "draft-every": {**draft_model, "adaptive": False},
+        "eagle": eagle,
+        "eagle-every": {**eagle, "adaptive": False},
     }
+
+
+def held_out_prompts(num: int, tokenizer) -> list[list[int]]:
+    """The first 128 tokens of ``num`` held-out standard-library files."""
+    import sysconfig
+
+    from octavo.train_draft.data import TextFiles, read_texts
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = TextFiles.find(root, "*.py", [*NOT_LIBRARY, "__pycache__"])
+    texts = [t for t in read_texts(files.held_out) if len(t) > 2000][:num]
+    return [tokenizer(text)["input_ids"][:128] for text in texts]
+
+
+def run_batch(llm: LLM, prompts: list[list[int]], max_tokens: int, batch: int):
+    """``prompts`` in groups of ``batch`` requests at once: ``(output tok/s, token ids)``."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    token_ids = []
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = [{"prompt_token_ids": p} for p in prompts[i : i + batch]]
+        outputs = llm.generate(group, params, use_tqdm=False)
+        token_ids += [list(o.outputs[0].token_ids) for o in outputs]
+    return sum(map(len, token_ids)) / (time.perf_counter() - start), token_ids
 
 
 def run_code_b1(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[float, list[list[int]]]:
@@ -167,7 +204,11 @@ def run_random_b32(llm: LLM, max_tokens: int, seed: int) -> tuple[float, list[li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument(
+        "--num-speculative-tokens",
+        default="4",
+        help="K, or several (2,4,6): each configuration runs once per K",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     parser.add_argument(
@@ -180,17 +221,24 @@ def main() -> None:
     )
     args = parser.parse_args()
     chosen = {"none", *args.configs.split(",")}
+    ks = [int(k) for k in args.num_speculative_tokens.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         draft = layer_skip_draft(Path(tmp) / "demo-1-layer")
-        engines = {
-            name: LLM(str(DEMO), kv_cache_memory="256MiB", speculative_config=config)
-            for name, config in configs(draft, args.num_speculative_tokens).items()
-            if name in chosen
-        }
+        engines = {}
+        for k in ks:
+            for name, config in configs(draft, k).items():
+                if name in chosen and (config is not None or "none" not in engines):
+                    label = name if config is None or len(ks) == 1 else f"{name}-k{k}"
+                    engines[label] = LLM(
+                        str(DEMO), kv_cache_memory="256MiB", speculative_config=config
+                    )
         prompts = code_prompts()
+        held_out = held_out_prompts(16, engines["none"].get_tokenizer())
         workloads = {
             "code-b1": lambda llm: run_code_b1(llm, prompts, args.max_tokens),
             "random-b32": lambda llm: run_random_b32(llm, args.max_tokens, seed=0),
+            "heldout-b1": lambda llm: run_batch(llm, held_out[:8], args.max_tokens, 1),
+            "heldout-b16": lambda llm: run_batch(llm, held_out, args.max_tokens, 16),
         }
         workloads = {w: run for w, run in workloads.items() if w in args.workloads.split(",")}
         figures: dict = {w: {name: [] for name in engines} for w in workloads}

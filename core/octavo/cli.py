@@ -1,4 +1,5 @@
-"""The ``octavo`` command line: ``octavo env``, ``octavo serve``, ``octavo bench``."""
+"""The ``octavo`` command line: ``octavo env``, ``octavo serve``, ``octavo bench``,
+``octavo train-draft``."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     from octavo.bench.cli import add_bench_parser
 
     add_bench_parser(commands)
+    from octavo.train_draft.cli import add_train_draft_parser
+
+    add_train_draft_parser(commands)
     return parser
 
 

@@ -6,18 +6,20 @@ standard library, so the same interpreter always yields the same split and the s
 
 from __future__ import annotations
 
-import hashlib
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
+
+from octavo.train_draft.data import is_held_out, read_texts
 
 # Directory names whose contents are not library source: test suites, installed packages,
 # codec tables (encodings/), the pydoc topic dump, the build configuration.
 EXCLUDED_DIRS = frozenset(
     {"site-packages", "test", "tests", "idle_test", "encodings", "pydoc_data", "__pycache__"}
 )
-HELD_OUT_BUCKETS = 20  # one file in twenty, chosen by path hash, is held out
+# One file in twenty, chosen by a hash of its path, is held out: the rule octavo train-draft
+# applies too, so the demo model's draft heads never train on its held-out files.
 
 
 @dataclass(frozen=True)
@@ -30,13 +32,7 @@ class Corpus:
 
     def read(self, files: Tuple[Path, ...]) -> List[str]:
         """The text of each file, decoded as UTF-8 (files that are not UTF-8 are skipped)."""
-        texts = []
-        for path in files:
-            try:
-                texts.append(path.read_text(encoding="utf-8"))
-            except UnicodeDecodeError:
-                continue
-        return texts
+        return read_texts(files)
 
 
 def stdlib_root() -> Path:
@@ -48,12 +44,6 @@ def _is_library_source(relative: Path) -> bool:
     if any(part in EXCLUDED_DIRS or part.startswith("config-") for part in relative.parts[:-1]):
         return False
     return not relative.name.startswith("_sysconfigdata")
-
-
-def is_held_out(relative: Path) -> bool:
-    """Whether a file (by its path relative to the stdlib) belongs to the held-out set."""
-    digest = hashlib.sha256(relative.as_posix().encode("utf-8")).digest()
-    return digest[0] % HELD_OUT_BUCKETS == 0
 
 
 def load_corpus(root: Path) -> Corpus:

@@ -1,0 +1,1 @@
+"""``octavo train-draft``: draft heads trained on the CPU from their target's own outputs."""

@@ -1,0 +1,177 @@
+"""``octavo train-draft``: train a draft head for a target model on text, on the CPU, seeded;
+save it as a folder ``speculative_config.model`` takes, with its loss curve, its settings and
+measured acceptance on held-out text in ``metrics.json`` and a README."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from octavo.train_draft.data import TextFiles, read_texts, shuffled_batches, token_windows
+from octavo.train_draft.eagle import EagleTraining, TrainableEagleHead, loss_of
+
+METHODS = ("eagle",)  # p-eagle, gumiho: not yet
+
+
+def add_train_draft_parser(commands) -> None:
+    parser = commands.add_parser(
+        "train-draft", help="train a draft head (EAGLE) for a target model on text, on the CPU"
+    )
+    parser.add_argument("target", help="the target model's local folder")
+    parser.add_argument("--method", choices=METHODS, default="eagle")
+    parser.add_argument("--data", required=True, help="a text file, or a folder of them")
+    parser.add_argument("--pattern", default="*.py", help="files of --data to read (glob)")
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        help="a folder name under --data to leave out (repeatable)",
+    )
+    parser.add_argument("--out", required=True, help="the folder to write the head to")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--window", type=int, default=256, help="tokens per training window")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--eval-prompts", type=int, default=32, help="held-out prompts to measure acceptance on"
+    )
+    parser.set_defaults(run=run_train_draft)
+
+
+def run_train_draft(args: argparse.Namespace) -> int:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from octavo.spec_decode.eagle_head import head_config
+
+    torch.manual_seed(args.seed)
+    target_dir, out = Path(args.target), Path(args.out)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = LlamaForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32).eval()
+    for param in target.parameters():
+        param.requires_grad_(False)
+    files = TextFiles.find(Path(args.data), args.pattern, args.exclude)
+    windows = token_windows(
+        tokenizer, read_texts(files.train), args.window + 1, tokenizer.eos_token_id
+    )
+    config = head_config(json.loads((target_dir / "config.json").read_text()))
+    head = TrainableEagleHead(LlamaConfig(**config), target)
+    method = EagleTraining()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
+    history = _train(head, optimizer, windows, args, method)
+    out.mkdir(parents=True, exist_ok=True)
+    _save(head, config, out)
+    acceptance = measure_acceptance(target_dir, out, files, tokenizer, args.eval_prompts)
+    metrics = {
+        "method": args.method,
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k not in ("run", "command")},
+            **dataclasses.asdict(method),
+        },
+        "data": {
+            "train_files": len(files.train),
+            "held_out_files": len(files.held_out),
+            "train_windows": len(windows),
+        },
+        "history": history,
+        "acceptance": acceptance,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    _plot(history, out / "loss_curve.png")
+    print(json.dumps({"acceptance": acceptance, "final": history[-1]}, indent=2))
+    return 0
+
+
+def _train(head, optimizer, windows, args, method) -> list[dict]:
+    from tqdm import tqdm
+
+    batches = shuffled_batches(windows, args.batch_size, args.seed)
+    warmup = max(1, args.steps // 20)
+    history, started = [], time.perf_counter()
+    progress = tqdm(range(args.steps), desc="train-draft", unit="step")
+    for step in progress:
+        scale = min(1.0, (step + 1) / warmup)
+        scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * scale
+        loss, agreement = loss_of(head, next(batches), method)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        if step % 10 == 0 or step == args.steps - 1:
+            history.append(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "top1_agreement": [round(a, 4) for a in agreement],
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
+            progress.set_postfix(loss=f"{loss.item():.3f}", top1=f"{agreement[0]:.3f}")
+    return history
+
+
+def _save(head: TrainableEagleHead, config: dict, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(head.head_state_dict(), str(out / "model.safetensors"))
+
+
+def measure_acceptance(target_dir, head_dir, files, tokenizer, num_prompts: int, k: int = 4):
+    """Greedy decoding of held-out prompts with the head: per-position acceptance and the mean
+    acceptance length (tokens per verify step, the bonus included)."""
+    from octavo import LLM, SamplingParams
+
+    texts = read_texts(files.held_out)[:num_prompts]
+    if not texts:
+        return None
+    prompts = [{"prompt_token_ids": tokenizer(t)["input_ids"][:128]} for t in texts if t.strip()]
+    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": k}
+    llm = LLM(
+        str(target_dir), speculative_config={**spec, "adaptive": False}, kv_cache_memory="256MiB"
+    )
+    llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False
+    )
+    stats = llm.engine.core.scheduler.spec_stats
+    per_position = [round(n / stats.num_drafts, 4) for n in stats.num_accepted_tokens_per_pos]
+    return {
+        "k": k,
+        "prompts": len(prompts),
+        "acceptance_per_position": per_position,
+        "mean_acceptance_length": round(1 + stats.num_accepted_tokens / stats.num_drafts, 3),
+    }
+
+
+def _plot(history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([h["step"] for h in history], [h["loss"] for h in history])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (KL + 0.1 smooth-L1, summed over rollouts)")
+    ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

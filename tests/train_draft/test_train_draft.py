@@ -1,0 +1,95 @@
+"""``octavo train-draft``: the head it trains is the head the engine runs (same weights, same
+hidden states), it sees no later token, and a short run on a tiny model writes a head folder
+that serves, with its loss going down and its acceptance measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from octavo import LLM
+from octavo.cli import main
+from octavo.platform.types import AttentionMetadata
+from octavo.spec_decode.eagle_head import head_config
+from octavo.testing.tiny_models import TinyModelSpec, write_random_eagle_head, write_tiny_model
+from octavo.train_draft.eagle import TrainableEagleHead
+
+SPEC = TinyModelSpec("LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("train_draft") / "llama", SPEC)
+
+
+def _trainable(target_dir, head_dir=None) -> TrainableEagleHead:
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(target_dir).eval()
+    config = head_config(json.loads((target_dir / "config.json").read_text()))
+    head = TrainableEagleHead(LlamaConfig(**config), model)
+    if head_dir is not None:
+        head.load_state_dict(load_file(str(head_dir / "model.safetensors")))
+    return head.eval()
+
+
+def test_the_trained_head_sees_no_later_token(target):
+    head = _trainable(target)
+    ids, hidden = torch.randint(3, 500, (1, 12)), torch.randn(1, 12, SPEC.hidden_size)
+    later = ids.clone()
+    later[0, 8:] = 7
+    with torch.no_grad():
+        before, after = head(ids, hidden), head(later, hidden)
+    assert torch.allclose(before[0, :8], after[0, :8], atol=1e-6)
+    assert not torch.allclose(before[0, 8:], after[0, 8:])
+
+
+def test_the_engine_runs_the_head_that_was_trained(target, tmp_path):
+    """The same checkpoint in the trainer's module and the engine's EagleHead on the paged
+    cache: the same predicted hidden states."""
+    head_dir = write_random_eagle_head(tmp_path / "head", target, seed=3)
+    trained = _trainable(target, head_dir)
+    llm = LLM(
+        str(target),
+        speculative_config={"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 2},
+        kv_cache_memory="8MiB",
+    )
+    engine_head = llm.engine.core.runner.speculation.proposer.model
+    num = 20
+    ids = torch.randint(3, 500, (num,))
+    hidden = torch.randn(num, SPEC.hidden_size)
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor([0, num], dtype=torch.int32),
+        seq_lens=torch.tensor([num], dtype=torch.int32),
+        block_table=torch.tensor([[0, 1]], dtype=torch.int32),  # an idle engine's free blocks
+        slot_mapping=torch.arange(num),
+        max_query_len=num,
+        max_seq_len=num,
+        num_actual_tokens=num,
+    )
+    with torch.no_grad():
+        served = engine_head(ids, hidden, torch.arange(num), metadata)
+        wanted = trained(ids[None], hidden[None])[0]
+    torch.testing.assert_close(served, wanted, atol=1e-4, rtol=1e-4)
+
+
+def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    for i in range(40):  # one file in twenty is held out, by a hash of its name
+        (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
+    out = tmp_path / "head"
+    argv = ["train-draft", str(target), "--data", str(data), "--out", str(out), "--steps", "12"]
+    argv += ["--batch-size", "2", "--window", "32", "--threads", "1", "--eval-prompts", "2"]
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    history = metrics["history"]
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert metrics["data"]["held_out_files"] >= 1 and metrics["data"]["train_files"] >= 30
+    acceptance = metrics["acceptance"]
+    assert acceptance["k"] == 4 and len(acceptance["acceptance_per_position"]) >= 1
+    assert (out / "loss_curve.png").stat().st_size > 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["EagleHead"]
