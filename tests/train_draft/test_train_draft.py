@@ -93,3 +93,13 @@ def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
     assert acceptance["k"] == 4 and len(acceptance["acceptance_per_position"]) >= 1
     assert (out / "loss_curve.png").stat().st_size > 0
     assert json.loads((out / "config.json").read_text())["architectures"] == ["EagleHead"]
+    # --stop-after: the same schedule's first steps give the same losses
+    again = tmp_path / "again"
+    argv[argv.index(str(out))] = str(again)
+    assert main([*argv, "--stop-after", "11"]) == 0
+    rerun = json.loads((again / "metrics.json").read_text())
+
+    def losses(entries):
+        return [(e["step"], e["loss"], e["top1_agreement"]) for e in entries]
+
+    assert losses(rerun["history"]) == losses(history[:2]) and rerun["acceptance"] is None

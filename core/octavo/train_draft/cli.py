@@ -35,6 +35,13 @@ def add_train_draft_parser(commands) -> None:
     )
     parser.add_argument("--out", required=True, help="the folder to write the head to")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop after this many of --steps (same schedule): to check a re-run's first "
+        "losses against a run's metrics.json; the acceptance is not measured",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--window", type=int, default=256, help="tokens per training window")
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -77,7 +84,11 @@ def _run(args: argparse.Namespace) -> int:
     history = _train(head, optimizer, windows, args, method)
     out.mkdir(parents=True, exist_ok=True)
     _save(head, config, out)
-    acceptance = measure_acceptance(target_dir, out, files, tokenizer, args.eval_prompts)
+    acceptance = (
+        None
+        if args.stop_after is not None
+        else measure_acceptance(target_dir, out, files, tokenizer, args.eval_prompts)
+    )
     metrics = {
         "method": args.method,
         "settings": {
@@ -104,7 +115,8 @@ def _train(head, optimizer, windows, args, method) -> list[dict]:
     batches = shuffled_batches(windows, args.batch_size, args.seed)
     warmup = max(1, args.steps // 20)
     history, started = [], time.perf_counter()
-    progress = tqdm(range(args.steps), desc="train-draft", unit="step")
+    num_steps = args.steps if args.stop_after is None else min(args.stop_after, args.steps)
+    progress = tqdm(range(num_steps), desc="train-draft", unit="step")
     for step in progress:
         scale = min(1.0, (step + 1) / warmup)
         scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
@@ -115,7 +127,7 @@ def _train(head, optimizer, windows, args, method) -> list[dict]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         optimizer.step()
-        if step % 10 == 0 or step == args.steps - 1:
+        if step % 10 == 0 or step == num_steps - 1:
             history.append(
                 {
                     "step": step,
