@@ -112,16 +112,15 @@ class EagleProposer:
 
     def _head_step(self, batch: Any, rows: np.ndarray, positions: np.ndarray, hidden):
         """One head step per row at ``positions`` (its token after is in the batch): the
-        predicted hidden states and their logits."""
+        predicted hidden states, its KV written."""
         tokens = batch.token_ids[rows, positions + 1].astype(np.int64)
         attn = decode_metadata(batch, rows, positions, self.block_size, self.device)
-        predicted = self.model(
+        return self.model(
             torch.from_numpy(tokens).to(self.device),
             hidden,
             torch.from_numpy(positions).to(self.device),
             attn,
         )
-        return predicted, self.model.compute_logits(predicted).float()
 
     def propose(self, context: ProposeContext) -> tuple[np.ndarray, np.ndarray]:
         batch, rows = context.batch, context.rows
@@ -140,7 +139,8 @@ class EagleProposer:
             if len(active) == 0:
                 break
             at = positions[active] + j
-            hidden, logits = self._head_step(batch, rows[active], at, hidden)
+            hidden = self._head_step(batch, rows[active], at, hidden)
+            logits = self.model.compute_logits(hidden).float()
             if context.process_logits is not None:  # a failed processing: only a worse draft
                 logits = context.process_logits(logits, rows[active], at + 2, {})
             sampled, q = self.distributions.sample(logits, batch.sampling_metadata(rows[active]))
@@ -148,7 +148,7 @@ class EagleProposer:
             batch.token_ids[rows[active], at + 2] = sampled  # the next step's token, and seen
             if probs is not None:  # by the processors
                 probs[torch.from_numpy(active).to(self.device), j] = q
-        self._written.update(req_ids[r] for r in rows.tolist())
+        self._written.update(req_ids[r] for r in rows[num_drafts > 0].tolist())
         self.distributions.keep(batch, rows, num_drafts, probs)
         return drafts, num_drafts
 
