@@ -30,8 +30,6 @@ _CLOSING = re.compile(r"\s*(\}\s*)?$")
 class HermesToolParser:
     """``--tool-call-parser hermes``."""
 
-    name = "hermes"
-
     def structural_tag(
         self,
         tools: Sequence[dict[str, Any]],
