@@ -137,6 +137,10 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
     tensor_parallel_size: int = 1
+    nnodes: Optional[int] = None  # None: NNODES, else 1 (octavo.distributed.parallel)
+    node_rank: Optional[int] = None  # None: NODE_RANK, else 0
+    master_addr: Optional[str] = None  # None: MASTER_ADDR, else 127.0.0.1
+    master_port: Optional[int] = None  # None: MASTER_PORT, else a free port (one node)
     quantization: Optional[str] = None
     enforce_eager: bool = True
     generation_config: str = "auto"
@@ -196,11 +200,21 @@ class EngineArgs:
                 f'e.g. {{"temperature": 0.5}}; got {self.override_generation_config!r}'
             )
         check_quantization(self.quantization)
-        if self.tensor_parallel_size != 1:
+        self.parallel_config  # checks the layout
+        spec = self.speculative_config
+        if self.tensor_parallel_size > 1 and spec is not None and spec.method != "ngram":
             raise ConfigError(
-                f"tensor_parallel_size {self.tensor_parallel_size}: tensor parallelism is not "
-                "implemented yet; run with --tensor-parallel-size 1 (one device)"
+                f"speculative decoding by {spec.method!r} does not run with tensor parallelism "
+                "yet (its draft model is not sharded): use the ngram method, or "
+                "--tensor-parallel-size 1"
             )
+
+    @property
+    def parallel_config(self):
+        """The tensor-parallel layout (:class:`octavo.distributed.parallel.ParallelConfig`)."""
+        from octavo.distributed.parallel import ParallelConfig
+
+        return ParallelConfig.from_args(self)
 
     @property
     def cache_config(self) -> CacheConfig:
@@ -267,7 +281,33 @@ class EngineArgs:
         )
         group.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
         group.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
-        group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+        group.add_argument(
+            "--tensor-parallel-size",
+            "-tp",
+            type=int,
+            default=1,
+            help="shard the model over this many worker processes (torch.distributed)",
+        )
+        group.add_argument(
+            "--nnodes", type=int, default=None, help="nodes the ranks span (default: NNODES or 1)"
+        )
+        group.add_argument(
+            "--node-rank",
+            type=int,
+            default=None,
+            help="this node's index; nodes other than 0 run workers only (default: NODE_RANK or 0)",
+        )
+        group.add_argument(
+            "--master-addr",
+            default=None,
+            help="node 0's address for the rendezvous (default: MASTER_ADDR or 127.0.0.1)",
+        )
+        group.add_argument(
+            "--master-port",
+            type=int,
+            default=None,
+            help="the rendezvous port (default: MASTER_PORT, else a free port on one node)",
+        )
         group.add_argument("--quantization", "-q", default=None, choices=[None, *QUANTIZATIONS])
         group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
         group.add_argument(

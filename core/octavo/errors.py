@@ -26,6 +26,9 @@ class RequestError(RuntimeError):
         )
         self.messages = dict(messages)
 
+    def __reduce__(self):  # it crosses from a tensor-parallel worker to the engine
+        return (type(self), (self.messages,))
+
     @property
     def request_ids(self) -> list[str]:
         return list(self.messages)

@@ -66,8 +66,8 @@ def test_flags_that_are_not_implemented_are_refused_or_said(tiny_model, caplog):
     from octavo.engine.engine_core import EngineCore
     from octavo.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="tensor parallelism is not implemented yet"):
-        EngineArgs(model=str(tiny_model), tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="does not split evenly over 2 nodes"):
+        EngineArgs(model=str(tiny_model), tensor_parallel_size=3, nnodes=2, master_port=1234)
     with caplog.at_level(logging.WARNING, logger="octavo.engine.engine_core"):
         EngineCore(EngineArgs(model=str(tiny_model), enforce_eager=False, kv_cache_memory="64MiB"))
     assert "--no-enforce-eager" in caplog.text and "runs eagerly" in caplog.text

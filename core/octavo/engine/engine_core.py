@@ -8,11 +8,11 @@ import time
 from typing import Iterable, Optional
 
 from octavo.config import EngineArgs
+from octavo.distributed.executor import MultiprocExecutor
 from octavo.engine.core_output import EngineCoreOutput
-from octavo.errors import RequestError
+from octavo.errors import ConfigError, RequestError
 from octavo.inputs import RequestOptions
 from octavo.kv_cache.manager import KVCacheManager
-from octavo.kv_cache.sizing import KVCacheSizing, plan_kv_cache
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
 from octavo.model_executor.runner_output import ModelRunnerOutput
@@ -67,8 +67,21 @@ class EngineCore:
             quantization=self.args.quantization,
             speculative_config=self.args.speculative_config,
         )
-        self.runner = ModelRunner(self.model_config, self.platform, runner_config)
-        self.sizing = self._plan_kv_cache()
+        self.runner = self._build_runner(runner_config)
+        try:
+            self._init_cache_and_scheduler()
+        except BaseException:
+            self.runner.shutdown()  # no worker outlives a failed start-up
+            raise
+
+    def _init_cache_and_scheduler(self) -> None:
+        self.sizing = self.runner.plan_kv_cache(self.args.cache_config)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d host blocks)",
+            self.sizing.num_gpu_blocks,
+            self.sizing.block_size,
+            self.sizing.num_host_blocks,
+        )
         num_host_blocks = self.sizing.num_host_blocks if self.args.preemption_mode == "swap" else 0
         self.runner.initialize_kv_cache(self.sizing.num_gpu_blocks, num_host_blocks)
         self.kv_cache_manager = KVCacheManager(
@@ -86,42 +99,32 @@ class EngineCore:
             SpecDecodeLog(self.scheduler.spec_stats) if self.args.speculative_config else None
         )
 
-    def _plan_kv_cache(self) -> KVCacheSizing:
-        """Size the KV cache: ``--kv-cache-memory`` bytes when given (the cpu platform always
-        sets it), else what ``--gpu-memory-utilization`` leaves after the weights and the peak
-        activations of a profile run. The profile run is skipped when its figure is not used:
-        on the host CPU a max-size step of the ~100M model costs tens of seconds of start-up."""
-        activation_bytes = 0
-        if self.args.cache_config.kv_cache_memory is None:
-            activation_bytes = self.runner.profile_run().peak_activation_bytes
-        model_bytes = self.runner.parameter_bytes()
-        mc = self.model_config
-        sizing = plan_kv_cache(
-            self.args.cache_config,
-            self.platform.capabilities,
-            self.platform.memory_info(self.runner.device),
-            model_memory=model_bytes + activation_bytes,
-            num_layers=mc.num_hidden_layers,
-            num_kv_heads=mc.num_key_value_heads,
-            head_dim=mc.head_dim,
-            dtype=mc.dtype,
-            max_model_len=mc.max_model_len,
-            extra_block_bytes=self._proposer_block_bytes(),
+    def _build_runner(self, runner_config: RunnerConfig):
+        """The model runner in this process, or with tensor parallelism this node's ranks as
+        worker processes (:class:`MultiprocExecutor`), which answer the same calls."""
+        parallel = self.args.parallel_config
+        if parallel.tensor_parallel_size == 1:
+            return ModelRunner(self.model_config, self.platform, runner_config)
+        if parallel.node_rank != 0:
+            raise ConfigError(
+                f"node {parallel.node_rank} runs tensor-parallel workers only: start it with "
+                "`octavo serve ... --node-rank N` (node 0 runs the engine)"
+            )
+        return MultiprocExecutor(
+            self.model_config,
+            runner_config,
+            parallel,
+            device=self.platform.name,
+            seed=self.args.seed,
         )
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%d host blocks)",
-            sizing.num_gpu_blocks,
-            sizing.block_size,
-            sizing.num_host_blocks,
-        )
-        return sizing
 
-    def _proposer_block_bytes(self) -> int:
-        """KV bytes per block of a draft model's layers, which share the target's block ids."""
-        speculation = self.runner.speculation
-        if speculation is None or not speculation.proposer.attention_layers:
-            return 0
-        return self.runner.kv_cache_bytes_per_block(speculation.proposer.attention_layers)
+    def check_alive(self) -> Optional[str]:
+        """Why this engine cannot step any more (a tensor-parallel worker died), or None."""
+        return self.runner.check_alive()
+
+    def shutdown(self) -> None:
+        """Stop what the engine started (tensor-parallel workers); idempotent."""
+        self.runner.shutdown()
 
     # --- requests -----------------------------------------------------------------------------
 

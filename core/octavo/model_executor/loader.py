@@ -13,6 +13,7 @@ from octavo.errors import ConfigError
 from octavo.model_executor.model_config import ModelConfig, read_json, resolve_model_folder
 from octavo.models.layers.fp8 import quantize_model
 from octavo.models.layers.linear import TPGroup
+from octavo.models.weights import CheckpointTensor
 from octavo.platform.facade import Platform
 
 SINGLE_FILE = "model.safetensors"
@@ -41,14 +42,15 @@ def checkpoint_files(folder: Path) -> list[Path]:
     )
 
 
-def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every ``(name, tensor)`` of the checkpoint, one file at a time, tensors on the host."""
+def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Every ``(name, tensor)`` of the checkpoint, one file at a time, each read lazily: a
+    parameter's loader reads the slice it keeps (its rank's shard) and nothing else."""
     from safetensors import safe_open
 
     for path in checkpoint_files(folder):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, CheckpointTensor(f.get_slice(name))
 
 
 def model_class(config: ModelConfig, platform: Platform) -> type:

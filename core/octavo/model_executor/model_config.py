@@ -122,6 +122,12 @@ class ModelConfig:
         default_factory=dict, compare=False, repr=False
     )
 
+    def __reduce__(self):  # to a tensor-parallel worker: the read-only views go as dicts
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["hf_config"] = dict(self.hf_config)
+        fields["generation_config"] = dict(self.generation_config)
+        return (_rebuild, (fields,))
+
     @classmethod
     def from_folder(
         cls,
@@ -190,3 +196,9 @@ class ModelConfig:
             hf_config=types.MappingProxyType(hf),
             generation_config=types.MappingProxyType(generation),
         )
+
+
+def _rebuild(fields: dict[str, Any]) -> ModelConfig:
+    fields["hf_config"] = types.MappingProxyType(fields["hf_config"])
+    fields["generation_config"] = types.MappingProxyType(fields["generation_config"])
+    return ModelConfig(**fields)

@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from octavo.errors import ConfigError, RequestError
+from octavo.kv_cache.sizing import KVCacheSizing
 from octavo.kv_cache.transfers import TransferKind, apply_block_transfers
 from octavo.model_executor.input_batch import CachedRequestState, InputBatch
+from octavo.model_executor.kv_plan import plan_runner_kv_cache
 from octavo.model_executor.loader import load_model
 from octavo.model_executor.logits_processors import SamplingPenalties
 from octavo.model_executor.logprobs import compute_logprobs
@@ -55,9 +57,7 @@ class RunnerConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    quantization: Optional[str] = (
-        None  # "fp8": linear weights quantised at load (EngineArgs.quantization)
-    )
+    quantization: Optional[str] = None  # "fp8": linear weights quantised at load
     speculative_config: Optional[SpeculativeConfig] = None
 
 
@@ -88,12 +88,9 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = platform.sampler(model_config.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
-        self._kept_generators: dict[
-            str, torch.Generator
-        ] = {}  # of requests forgotten by a failed step
-        self.logits_processors: list[LogitsProcessor] = [
-            SamplingPenalties(self.requests, model_config.eos_token_ids)
-        ]
+        self._kept_generators: dict[str, torch.Generator] = {}  # requests a failed step forgot
+        penalties = SamplingPenalties(self.requests, model_config.eos_token_ids)
+        self.logits_processors: list[LogitsProcessor] = [penalties]
         max_blocks = -(-model_config.max_model_len // self.block_size)
         self.input_batch = InputBatch(
             runner_config.max_num_seqs,
@@ -154,7 +151,17 @@ class ModelRunner:
         pack_linears(model, platform.linear_packer(model_config.dtype))
         return model
 
-    # --- KV cache ----------------------------------------------------------------------------
+    # --- KV cache and lifecycle (what the engine core calls, as on a MultiprocExecutor) ------
+
+    def plan_kv_cache(self, cache_config) -> KVCacheSizing:
+        """This runner's KV cache size, from its own memory (:mod:`.kv_plan`)."""
+        return plan_runner_kv_cache(self, cache_config)
+
+    def check_alive(self) -> Optional[str]:
+        return None  # the runner lives in the engine's process: it is alive while the engine is
+
+    def shutdown(self) -> None:
+        """Nothing to stop (a MultiprocExecutor stops its workers)."""
 
     def kv_cache_bytes_per_block(self, layers: Optional[list[Attention]] = None) -> int:
         """Bytes one block takes across ``layers`` (default: all, a draft model's included), in

@@ -76,7 +76,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.rotary_embedding = platform.rotary_embedding()
         num_heads = tp.split(config.num_attention_heads, "num_attention_heads")
-        num_kv_heads = tp.split(config.num_key_value_heads, "num_key_value_heads")
+        _, num_kv_heads = tp.kv_heads(config.num_key_value_heads)
         kw = dict(dtype=config.dtype, device=device, tp=tp)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,

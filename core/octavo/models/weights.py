@@ -8,7 +8,7 @@ checkpoint tensor (and, under tensor parallelism, takes only its rank's slice).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, Union
 
 import torch
 from torch import nn
@@ -21,9 +21,30 @@ logger = logging.getLogger(__name__)
 StackedParams = Sequence[tuple[str, str, Any]]
 
 
+class CheckpointTensor:
+    """A checkpoint tensor not read yet: ``shape`` and ``narrow(dim, start, length)``, which
+    reads only that slice from the file (safetensors ``get_slice``), so a tensor-parallel rank
+    reads its shard and no more. ``elements_read`` counts what was read."""
+
+    def __init__(self, tensor_slice: Any):
+        self._slice = tensor_slice
+        self.shape = torch.Size(tensor_slice.get_shape())
+        self.elements_read = 0
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        out = self._slice[tuple(index)]
+        self.elements_read += out.numel()
+        return out
+
+
+LoadedTensor = Union[torch.Tensor, CheckpointTensor]
+
+
 def load_checkpoint_tensors(
     model: nn.Module,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, LoadedTensor]],
     stacked: StackedParams,
     skip: Callable[[str], bool] = lambda name: False,
 ) -> set[str]:

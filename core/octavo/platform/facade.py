@@ -26,6 +26,7 @@ from octavo.platform.types import (
     AttentionSpec,
     BitmaskFn,
     Capabilities,
+    Communicator,
     LinearPacker,
     MemoryInfo,
     PlatformInfo,
@@ -162,6 +163,14 @@ class Platform:
         """The forward the runner calls for ``model``: the platform's own, or the model."""
         result = self.pm.hook.octavo_graph_runner(platform=self.info, model=model, config=config)
         return result if result is not None else model
+
+    def communicator(self, group: Any) -> Communicator:
+        """Collectives over the torch.distributed ``group`` (of ``capabilities.dist_backend``)."""
+        return self._require(
+            "octavo_communicator",
+            self.pm.hook.octavo_communicator(platform=self.info, group=group),
+            "a communicator for tensor parallelism",
+        )
 
     def model_architectures(self) -> dict[str, type]:
         """Architecture name -> model class from every plugin; a name offered twice is an error."""

@@ -128,6 +128,9 @@ class LazyGrammarBackend:
         """Whether JSON may hold free whitespace when a request does not say."""
         return self._kwargs.get("any_whitespace", False)
 
+    def __reduce__(self):  # to a tensor-parallel worker, which builds its own when first used
+        return (_lazy_backend, (self._args, self._kwargs))
+
     def __call__(self) -> GrammarBackend:
         with self._lock:
             if self._backend is None:
@@ -139,3 +142,7 @@ class LazyGrammarBackend:
                         "install it: pip install xgrammar"
                     ) from None
             return self._backend
+
+
+def _lazy_backend(args: tuple, kwargs: dict) -> LazyGrammarBackend:
+    return LazyGrammarBackend(*args, **kwargs)

@@ -1,14 +1,15 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
 ``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), and the
-forward that runs each step on the threads its size pays for (``graph_runner``). This module
-only wires them."""
+forward that runs each step on the threads its size pays for (``graph_runner``), and gloo
+collectives for tensor parallelism (``communicator``). This module only wires them."""
 
 from __future__ import annotations
 
 import psutil
 import torch
 
+from octavo.distributed.communicator import TorchDistributedCommunicator
 from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.activation import make_silu_and_mul
@@ -161,6 +162,12 @@ def octavo_scaled_mm(platform):
 def octavo_rejection_sampler(platform):
     if _mine(platform):
         return rejection_sample
+
+
+@hookimpl
+def octavo_communicator(platform, group):
+    if _mine(platform):
+        return TorchDistributedCommunicator(group)  # gloo: the host's TCP/shared-memory rings
 
 
 @hookimpl

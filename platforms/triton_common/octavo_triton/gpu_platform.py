@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import psutil
 import torch
 
+from octavo.distributed.communicator import TorchDistributedCommunicator
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, RMSNormFn, SamplerFn, hookimpl
 from octavo_triton import runtime
 from octavo_triton.attention import TritonAttentionBackend
@@ -147,6 +148,11 @@ class TritonGpuPlugin:
                 return MemoryInfo(total=vm.total, free=vm.available, used=vm.total - vm.available)
             free, total = torch.cuda.mem_get_info(device)
             return MemoryInfo(total=total, free=free, used=total - free)
+
+    @hookimpl
+    def octavo_communicator(self, platform, group):
+        if self.mine(platform):
+            return TorchDistributedCommunicator(group)  # nccl (rccl on ROCm): dist_backend
 
     # --- kernels -----------------------------------------------------------------------------
 

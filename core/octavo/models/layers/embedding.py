@@ -43,7 +43,7 @@ class VocabParallelEmbedding(nn.Module):
         assert shard_id is None
         check_shape(loaded, (self.num_embeddings, self.embedding_dim))
         rows = self.vocab_end - self.vocab_start
-        param.data[:rows].copy_(loaded[self.vocab_start : self.vocab_end])
+        param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

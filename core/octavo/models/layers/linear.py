@@ -1,9 +1,10 @@
 """Linear layers written for tensor parallelism: column- and row-parallel, with per-parameter
 loaders.
 
-Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that takes the
-full checkpoint tensor, checks its shape, and copies in this rank's slice. With ``TPGroup()``
-(size 1) every slice is the whole tensor; a TP implementation only has to pass a real group.
+Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that takes a
+checkpoint tensor (a ``torch.Tensor`` or a lazy :class:`octavo.models.weights.CheckpointTensor`,
+which reads from the file only the slice asked for), checks its shape, and copies in this rank's
+slice. With ``TPGroup()`` (size 1) every slice is the whole tensor.
 
 A layer multiplies with ``F.linear`` unless a quantisation method was attached after loading
 (``layer.quant_method``, see :mod:`octavo.models.layers.fp8`): then every product goes through
@@ -43,6 +44,26 @@ class TPGroup:
             )
         return size // self.size
 
+    def kv_heads(self, num_kv_heads: int) -> tuple[int, int]:
+        """``(first, count)``: the KV heads this rank holds. A share of them when they divide
+        evenly; when the ranks outnumber them (``size`` a multiple of ``num_kv_heads``), the one
+        head this rank's query heads attend with, replicated across ``size // num_kv_heads``
+        ranks."""
+        if num_kv_heads >= self.size:
+            count = self.split(num_kv_heads, "num_key_value_heads")
+            return self.rank * count, count
+        if self.size % num_kv_heads:
+            raise ValueError(
+                f"the tensor-parallel size ({self.size}) is neither a divisor nor a multiple of "
+                f"num_key_value_heads ({num_kv_heads})"
+            )
+        return self.rank * num_kv_heads // self.size, 1
+
+
+def materialize(loaded) -> torch.Tensor:
+    """The whole tensor of a checkpoint tensor (read now when it is a lazy one)."""
+    return loaded if isinstance(loaded, torch.Tensor) else loaded.narrow(0, 0, loaded.shape[0])
+
 
 def check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
     """Raise ValueError when a checkpoint tensor does not have the shape the config implies."""
@@ -56,7 +77,7 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=No
     """Copy a replicated tensor whole (norm weights and the like)."""
     assert shard_id is None
     check_shape(loaded, param.shape)
-    param.data.copy_(loaded)
+    param.data.copy_(materialize(loaded))
 
 
 def _parameter(shape, dtype, device, loader) -> nn.Parameter:
@@ -76,7 +97,11 @@ class QuantMethod(Protocol):
 
 
 class ColumnParallelLinear(nn.Module):
-    """``y = x W^T + b`` with ``W``'s output rows split across ranks; the output stays split."""
+    """``y = x W^T + b`` with ``W``'s output rows split across ranks; the output stays split.
+
+    ``shards`` gives each output part's ``(first row, rows)`` on this rank; by default rank ``r``
+    holds the ``r``-th of ``size`` equal shares of every part.
+    """
 
     quant_method: Optional[QuantMethod] = None
 
@@ -89,12 +114,17 @@ class ColumnParallelLinear(nn.Module):
         dtype: torch.dtype,
         device: Union[str, torch.device],
         tp: TPGroup = TPGroup(),
+        shards: Optional[Sequence[tuple[int, int]]] = None,
     ):
         super().__init__()
         self.tp = tp
         self.input_size = input_size
         self.output_sizes = tuple(output_sizes)
-        self.shard_sizes = tuple(tp.split(n, "linear output size") for n in self.output_sizes)
+        if shards is None:
+            rows = [tp.split(n, "linear output size") for n in self.output_sizes]
+            shards = [(tp.rank * n, n) for n in rows]
+        self.shard_starts = tuple(start for start, _ in shards)
+        self.shard_sizes = tuple(size for _, size in shards)
         self.shard_offsets = tuple(sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes)))
         out = sum(self.shard_sizes)
         self.weight = _parameter((out, input_size), dtype, device, self.weight_loader)
@@ -108,7 +138,7 @@ class ColumnParallelLinear(nn.Module):
         index = self._shard_index(shard_id)
         full_rows, rows = self.output_sizes[index], self.shard_sizes[index]
         check_shape(loaded, (full_rows, *param.shape[1:]))
-        mine = loaded.narrow(0, self.tp.rank * rows, rows)
+        mine = loaded.narrow(0, self.shard_starts[index], rows)
         param.data.narrow(0, self.shard_offsets[index], rows).copy_(mine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +167,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """The fused query/key/value projection; checkpoint tensors load with shard ids q, k, v."""
+    """The fused query/key/value projection; checkpoint tensors load with shard ids q, k, v.
+
+    Query heads split evenly across ranks; KV heads as :meth:`TPGroup.kv_heads` says (split, or
+    replicated when the ranks outnumber them)."""
 
     SHARD_IDS = {"q": 0, "k": 1, "v": 2}
 
@@ -154,7 +187,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         tp: TPGroup = TPGroup(),
     ):
         sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
-        super().__init__(hidden_size, sizes, bias, dtype=dtype, device=device, tp=tp)
+        q_rows = tp.split(num_heads, "num_attention_heads") * head_dim
+        first_kv, kv_count = tp.kv_heads(num_kv_heads)
+        kv_shard = (first_kv * head_dim, kv_count * head_dim)
+        shards = ((tp.rank * q_rows, q_rows), kv_shard, kv_shard)
+        super().__init__(hidden_size, sizes, bias, dtype=dtype, device=device, tp=tp, shards=shards)
         self.q_size, self.kv_size = self.shard_sizes[0], self.shard_sizes[1]
 
     def _shard_index(self, shard_id) -> int:

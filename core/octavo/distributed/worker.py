@@ -1,0 +1,188 @@
+"""A tensor-parallel worker process: one rank's model runner on its shard.
+
+Rank 0 takes calls from the engine over a pipe and broadcasts each to the other ranks (a
+torch.distributed broadcast over a gloo group, so ranks on other nodes hear it too); every rank
+runs it on its own runner, and rank 0 answers. Every rank samples the same tokens: the logits
+are all-gathered whole onto each rank, and each rank's random streams are seeded alike. While
+the engine is idle rank 0 broadcasts a heartbeat, so the others' waits never time out.
+
+A worker exits when told to, when its parent process is gone, or when a collective fails (a
+peer died); the engine sees the exit and stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from octavo.distributed.parallel import ParallelConfig
+from octavo.errors import ConfigError, RequestError
+from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.models.layers.linear import TPGroup
+from octavo.platform.facade import Platform
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 5.0
+DIST_TIMEOUT_ENV = "OCTAVO_DIST_TIMEOUT_S"
+DEFAULT_DIST_TIMEOUT_S = 600
+CALLS = ("info", "plan_kv_cache", "initialize_kv_cache", "enable_structured_output")
+"""What the engine may call besides ``execute_model``; ``ping`` and ``shutdown`` are the loop's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process needs: the engine's resolved settings and its place."""
+
+    device: Optional[str]
+    seed: int
+    model_config: ModelConfig
+    runner_config: RunnerConfig
+    parallel: ParallelConfig
+    rank: int
+    local_rank: int
+    num_threads: int
+
+
+def dist_timeout() -> datetime.timedelta:
+    raw = os.environ.get(DIST_TIMEOUT_ENV, str(DEFAULT_DIST_TIMEOUT_S))
+    return datetime.timedelta(seconds=float(raw))
+
+
+def run_worker(spec: WorkerSpec, conn) -> None:
+    """The worker process's entry point: start up, say so (or why not), serve until told to
+    stop. ``conn`` is this worker's pipe to the engine."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    _exit_with_parent()
+    try:
+        worker = Worker(spec)
+    except BaseException as exc:  # noqa: BLE001 - the engine reports it, naming this rank
+        conn.send(("error", _describe(exc), isinstance(exc, ConfigError)))
+        return
+    conn.send(("ready", worker.info(), False))
+    try:
+        worker.serve(conn if spec.rank == 0 else None)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class Worker:
+    """One rank: its process group, platform and model runner."""
+
+    def __init__(self, spec: WorkerSpec):
+        torch.set_num_threads(spec.num_threads)
+        torch.manual_seed(spec.seed)  # alike on every rank: unseeded sampling agrees
+        self.rank = spec.rank
+        platform = Platform.select(spec.device)
+        dist.init_process_group(
+            backend=platform.capabilities.dist_backend,
+            init_method=spec.parallel.init_method,
+            rank=spec.rank,
+            world_size=spec.parallel.tensor_parallel_size,
+            timeout=dist_timeout(),
+        )
+        world = dist.group.WORLD
+        self.control = world if platform.capabilities.dist_backend == "gloo" else None
+        if self.control is None:  # calls are Python objects: a gloo group carries them
+            self.control = dist.new_group(backend="gloo", timeout=dist_timeout())
+        tp = TPGroup(dist.get_world_size(), spec.rank, platform.communicator(world))
+        self.runner = ModelRunner(
+            spec.model_config,
+            platform,
+            spec.runner_config,
+            device=platform.device_init(spec.local_rank),
+            tp=tp,
+        )
+
+    def info(self) -> dict[str, Any]:
+        return {"recompute_last_cached_block": self.runner.recompute_last_cached_block}
+
+    def plan_kv_cache(self, cache_config):
+        return self.runner.plan_kv_cache(cache_config)
+
+    def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int) -> None:
+        self.runner.initialize_kv_cache(num_blocks, num_host_blocks)
+
+    def enable_structured_output(self, backend) -> None:
+        self.runner.enable_structured_output(backend)
+
+    def serve(self, conn) -> None:
+        """Run the engine's calls until ``shutdown`` (rank 0 reads them from ``conn``)."""
+        while True:
+            call = self._broadcast(self._next_call(conn) if self.rank == 0 else None)
+            method, args, gather = call
+            if method == "shutdown":
+                return
+            if method == "ping":
+                continue
+            try:
+                answer = self._run(method, args)
+            except BaseException as exc:
+                if self.rank == 0:  # the engine reports why it stops
+                    conn.send(("fatal", _describe(exc)))
+                raise
+            if gather:
+                answers = [None] * dist.get_world_size() if self.rank == 0 else None
+                dist.gather_object(answer, answers, dst=0, group=self.control)
+                if self.rank == 0:
+                    failed = [a for a in answers if a[0] != "ok"]
+                    answer = failed[0] if failed else ("ok", [result for _, result in answers])
+            if self.rank == 0:
+                conn.send(answer)
+
+    def _run(self, method: str, args: tuple) -> tuple:
+        """``("ok", result)``, or ``("error", RequestError)`` for a failure that belongs to some
+        requests (it happens alike on every rank, before any collective); anything else ends
+        the worker, and with it the engine."""
+        try:
+            if method == "execute_model":
+                return ("ok", self.runner.execute_model(*args))
+            assert method in CALLS, method
+            return ("ok", getattr(self, method)(*args))
+        except RequestError as exc:
+            return ("error", exc)
+
+    def _next_call(self, conn) -> tuple:
+        """The engine's next call, a heartbeat when there is none for a while, ``shutdown``
+        when the engine is gone."""
+        try:
+            if not conn.poll(HEARTBEAT_S):
+                return ("ping", (), False)
+            return conn.recv()
+        except (EOFError, OSError):
+            return ("shutdown", (), False)
+
+    def _broadcast(self, call: Optional[tuple]) -> tuple:
+        box = [call]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"
+
+
+def _exit_with_parent() -> None:
+    """End this process when the engine's process is gone (killed, say), so that no worker is
+    left behind holding memory and a port."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="octavo-parent-watch", daemon=True).start()
