@@ -1,5 +1,6 @@
 """Invariance: a request's greedy tokens do not depend on what it is batched with, on prefix
-caching, on the chunked-prefill budget, or on being preempted (recompute or swap)."""
+caching, on the chunked-prefill budget, on being preempted (recompute or swap), or on the
+model being split over two tensor-parallel ranks (the oracle always runs on one)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,12 @@ def alone(tiny_model, prompts) -> list[list[int]]:
     ],
     ids=["cache-16", "cache-64", "cache-2048", "nocache-64", "nocache-nochunk", "cache-bs1"],
 )
-def test_batched_requests_match_their_alone_runs(tiny_model, prompts, alone, engine_args):
-    llm = make_llm(tiny_model, **engine_args)
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["tp1", "tp2"])
+def test_batched_requests_match_their_alone_runs(tiny_model, prompts, alone, engine_args, tp):
+    # kv_cache_memory is per rank: a rank holding half the KV heads gets half the bytes
+    llm = make_llm(
+        tiny_model, tensor_parallel_size=tp, kv_cache_memory=(8 << 20) // tp, **engine_args
+    )
     assert generate_ids(llm, prompts, GREEDY) == alone
     if engine_args["enable_prefix_caching"]:
         assert llm.engine.core.kv_cache_manager.prefix_cache_hits > 0
@@ -47,15 +52,17 @@ def test_batched_requests_match_their_alone_runs(tiny_model, prompts, alone, eng
 
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
 @pytest.mark.parametrize("enable_prefix_caching", [True, False])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["tp1", "tp2"])
 def test_preempted_requests_finish_with_their_alone_tokens(
-    tiny_model, prompts, alone, preemption_mode, enable_prefix_caching
+    tiny_model, prompts, alone, preemption_mode, enable_prefix_caching, tp
 ):
     # 24 blocks of 16 tokens: room for about 5 of the 64 requests at once.
     llm = make_llm(
         tiny_model,
-        kv_cache_memory=24 * 8192,
+        tensor_parallel_size=tp,
+        kv_cache_memory=24 * 8192 // tp,
         preemption_mode=preemption_mode,
-        swap_space=0.01,
+        swap_space=0.01 / tp,
         enable_prefix_caching=enable_prefix_caching,
         max_num_batched_tokens=256,
     )

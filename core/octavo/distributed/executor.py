@@ -200,7 +200,9 @@ class MultiprocExecutor:
         status, result = answer
         if status == "ok":
             return result
-        if status == "fatal":
-            self.failure = f"tensor-parallel rank 0 failed: {result}"
+        if status == "fatal":  # often because a peer died: name that one when it did
+            wait([p.sentinel for p in self.processes[1:]], timeout=1.0)
+            if self.check_alive() is None:
+                self.failure = f"tensor-parallel rank 0 failed: {result}"
             raise WorkerDiedError(self.failure)
         raise result  # a RequestError: those requests fail, the engine goes on

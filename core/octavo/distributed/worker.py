@@ -56,8 +56,18 @@ class WorkerSpec:
 
 
 def dist_timeout() -> datetime.timedelta:
+    """How long a collective (the rendezvous included) may wait for a peer."""
     raw = os.environ.get(DIST_TIMEOUT_ENV, str(DEFAULT_DIST_TIMEOUT_S))
-    return datetime.timedelta(seconds=float(raw))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(
+            f"{DIST_TIMEOUT_ENV}={raw!r}: give the seconds a collective may wait for a peer "
+            f"(default {DEFAULT_DIST_TIMEOUT_S})"
+        )
+    return datetime.timedelta(seconds=seconds)
 
 
 def run_worker(spec: WorkerSpec, conn) -> None:
@@ -68,7 +78,9 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     try:
         worker = Worker(spec)
     except BaseException as exc:  # noqa: BLE001 - the engine reports it, naming this rank
-        conn.send(("error", _describe(exc), isinstance(exc, ConfigError)))
+        is_config_error = isinstance(exc, ConfigError)  # the message says it all
+        detail = f"ConfigError: {exc}" if is_config_error else _describe(exc)
+        conn.send(("error", detail, is_config_error))
         return
     conn.send(("ready", worker.info(), False))
     try:

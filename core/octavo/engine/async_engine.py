@@ -85,20 +85,22 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Abort whatever still runs and stop the engine thread."""
-        if self._thread is None:
-            return
-        self._commands.put(_STOP)
-        self._thread.join(timeout)
+        """Abort whatever still runs, stop the engine thread and what the engine started
+        (tensor-parallel workers)."""
+        if self._thread is not None:
+            self._commands.put(_STOP)
+            self._thread.join(timeout)
+        self.engine.core.shutdown()
 
     @property
     def is_alive(self) -> bool:
-        """True while the engine thread runs and has not failed."""
+        """True while the engine thread runs and has not failed, nor a worker died."""
         return (
             self._thread is not None
             and self._thread.is_alive()
             and self._error is None
             and not self._stopped
+            and self.engine.core.check_alive() is None
         )
 
     @property
@@ -106,6 +108,8 @@ class AsyncEngine:
         """Why the engine loop is not running, for error messages."""
         if self._error is not None:
             return f"the engine loop failed: {type(self._error).__name__}: {self._error}"
+        if self.engine.core.check_alive() is not None:
+            return f"the engine cannot run: {self.engine.core.check_alive()}"
         return "the engine loop is not running"
 
     # --- the event loop's side ----------------------------------------------------------------

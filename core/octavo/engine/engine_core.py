@@ -27,6 +27,35 @@ from octavo.spec_decode.stats import SpecDecodeLog
 logger = logging.getLogger(__name__)
 
 
+def resolve_engine(
+    args: EngineArgs, platform: Platform
+) -> tuple[EngineArgs, ModelConfig, RunnerConfig]:
+    """The arguments with the platform's settings applied, the model's config and the runner's,
+    as every node of a tensor-parallel run resolves them."""
+    overrides = platform.configure(args)
+    args = dataclasses.replace(args, **overrides) if overrides else args
+    if not args.enforce_eager:
+        logger.warning(
+            "--no-enforce-eager asks for a compiled graph, which octavo does not build yet: "
+            "the model runs eagerly"
+        )
+    model_config = ModelConfig.from_folder(
+        args.model,
+        dtype=args.dtype,
+        supported_dtypes=platform.capabilities.dtypes,
+        platform_name=platform.name,
+        max_model_len=args.max_model_len,
+    )
+    runner_config = RunnerConfig(
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        quantization=args.quantization,
+        speculative_config=args.speculative_config,
+    )
+    return args, model_config, runner_config
+
+
 class EngineCore:
     """Owns the platform, the model runner, the KV cache manager and the scheduler."""
 
@@ -34,20 +63,7 @@ class EngineCore:
         if args.model is None:
             raise ValueError("no model given: pass the path of a local HuggingFace model folder")
         self.platform = platform if platform is not None else Platform.select(args.device)
-        overrides = self.platform.configure(args)
-        self.args = dataclasses.replace(args, **overrides) if overrides else args
-        if not self.args.enforce_eager:
-            logger.warning(
-                "--no-enforce-eager asks for a compiled graph, which octavo does not build yet: "
-                "the model runs eagerly"
-            )
-        self.model_config = ModelConfig.from_folder(
-            self.args.model,
-            dtype=self.args.dtype,
-            supported_dtypes=self.platform.capabilities.dtypes,
-            platform_name=self.platform.name,
-            max_model_len=self.args.max_model_len,
-        )
+        self.args, self.model_config, runner_config = resolve_engine(args, self.platform)
         max_model_len = self.model_config.max_model_len
         self.scheduler_config = self.args.scheduler_config(max_model_len)
         if (
@@ -60,13 +76,6 @@ class EngineCore:
                 f">= max_model_len ({max_model_len}) so any prompt fits one step; "
                 "raise it or lower --max-model-len"
             )
-        runner_config = RunnerConfig(
-            block_size=self.args.block_size,
-            max_num_seqs=self.args.max_num_seqs,
-            max_num_batched_tokens=self.args.max_num_batched_tokens,
-            quantization=self.args.quantization,
-            speculative_config=self.args.speculative_config,
-        )
         self.runner = self._build_runner(runner_config)
         try:
             self._init_cache_and_scheduler()

@@ -26,6 +26,11 @@ class LLM:
     def __init__(self, model: str, **engine_args: Any):
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
 
+    def shutdown(self) -> None:
+        """Stop what the engine started (tensor-parallel workers; garbage collection and
+        interpreter exit do it too). The LLM cannot generate afterwards."""
+        self.engine.core.shutdown()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

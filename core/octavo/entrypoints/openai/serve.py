@@ -129,6 +129,10 @@ def run_serve(args: argparse.Namespace) -> int:
     model = overrides["model"]
     default_name = args.model if args.model is not None else DEMO_MODEL_NAME
     engine_args = EngineArgs.from_cli_args(args, **overrides)
+    if engine_args.parallel_config.node_rank > 0:
+        from octavo.distributed.headless import run_headless
+
+        return run_headless(engine_args)  # workers for node 0's engine, no server
     config = ServerConfig(
         served_model_name=args.served_model_name or default_name,
         model_path=model,
