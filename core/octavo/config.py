@@ -200,7 +200,7 @@ class EngineArgs:
                 f'e.g. {{"temperature": 0.5}}; got {self.override_generation_config!r}'
             )
         check_quantization(self.quantization)
-        self.parallel_config  # checks the layout
+        _ = self.parallel_config  # resolving the layout checks it
         spec = self.speculative_config
         if self.tensor_parallel_size > 1 and spec is not None and spec.method != "ngram":
             raise ConfigError(

@@ -115,7 +115,7 @@ def test_two_nodes_on_loopback_equal_one_node(tp_models):
     expected = greedy_ids(make_llm(model, 1))
     port = free_port()
     common = ["-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1"]
-    common += ["--master-port", str(port), "--dtype", "float32"]
+    common += ["--master-port", str(port), "--dtype", "float32", "--device", "cpu"]
     node1 = subprocess.Popen(
         [sys.executable, "-m", "octavo.cli", "serve", str(model), *common, "--node-rank", "1"]
         + ["--kv-cache-memory", str(4 << 20), "--max-num-batched-tokens", "512"],

@@ -55,6 +55,7 @@ def test_rendezvous_settings_come_from_flags_then_the_environment(monkeypatch):
     assert list(parallel.local_ranks) == [2, 3]
     flags = EngineArgs(model="m", tensor_parallel_size=4, node_rank=0, master_port=29600)
     assert (flags.parallel_config.node_rank, flags.parallel_config.master_port) == (0, 29600)
+    assert EngineArgs(model="m").parallel_config.nnodes == 1  # one rank: the env is not asked
     monkeypatch.delenv("MASTER_PORT")
     with pytest.raises(ConfigError, match="--master-port"):
         EngineArgs(model="m", tensor_parallel_size=4)

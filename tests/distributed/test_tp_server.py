@@ -24,6 +24,7 @@ PROMPTS = ["hello there", "a b c d e f", "once upon"]
 
 def start_server(model, port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "octavo.cli", "serve", str(model), "-tp", "2"]
+    command += ["--device", "cpu"]
     command += ["--port", str(port), "--dtype", "float32", "--kv-cache-memory", str(4 << 20)]
     command += ["--max-num-batched-tokens", "512", "--disable-log-requests"]
     command += ["--uvicorn-log-level", "warning", "--shutdown-timeout", "60"]

@@ -20,6 +20,7 @@ def make_llm(model, tp: int, **engine_args) -> LLM:
     engine_args.setdefault("max_num_batched_tokens", 512)
     return LLM(
         str(model),
+        device="cpu",  # the cpu platform's gloo communicator is what runs here
         tensor_parallel_size=tp,
         dtype="float32",
         kv_cache_memory=kv_bytes // tp,

@@ -2,8 +2,9 @@
 
 It starts this node's ranks as spawned worker processes (:mod:`octavo.distributed.worker`),
 waits until every one is up (or reports the one that failed, with its error), then sends each
-call to rank 0 and waits for its answer or for a worker's death, whichever comes first: a dead
-worker makes the executor dead (``failure`` says why) and every later call fails at once.
+call to every rank (across nodes: to rank 0, which broadcasts it) and waits for rank 0's
+answer or for a worker's death, whichever comes first: a dead worker makes the executor dead
+(``failure`` says why) and every later call fails at once.
 ``shutdown`` stops every worker; so do garbage collection and interpreter exit.
 
 It answers what the engine core asks of a :class:`ModelRunner`: ``plan_kv_cache``,
@@ -18,6 +19,7 @@ import multiprocessing
 import os
 import weakref
 from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
 
 from octavo.distributed.parallel import ParallelConfig, check_shardable
@@ -97,10 +99,11 @@ def await_ready(processes: list, pipes: list, ranks: range) -> list[dict[str, An
 
 
 def stop_workers(processes: list, pipes: list) -> None:
-    """Ask rank 0 to stop them all, then terminate (and kill) whatever is still running."""
-    if pipes:
+    """Ask them to stop (across nodes rank 0 tells the others), then terminate (and kill)
+    whatever is still running."""
+    for pipe in pipes:
         try:
-            pipes[0].send(("shutdown", (), False))
+            pipe.send(("shutdown", (), False))
         except (OSError, ValueError):
             pass
     for process in processes:
@@ -136,6 +139,8 @@ class MultiprocExecutor:
         self._finalizer = weakref.finalize(self, stop_workers, self.processes, self.pipes)
         infos = await_ready(self.processes, self.pipes, self.parallel.local_ranks)
         self.recompute_last_cached_block = infos[0]["recompute_last_cached_block"]
+        # the ranks that read each call: all of them on one node, else rank 0 broadcasts it
+        self.call_pipes = self.pipes if self.parallel.nnodes == 1 else self.pipes[:1]
         self.failure: Optional[str] = None
         logger.info(
             "tensor parallelism: %d ranks on %d node(s), rendezvous %s",
@@ -185,7 +190,9 @@ class MultiprocExecutor:
             raise WorkerDiedError(self.failure)
         pipe = self.pipes[0]
         try:
-            pipe.send((method, args, gather))
+            call = ForkingPickler.dumps((method, args, gather))  # pickled once for every rank
+            for call_pipe in self.call_pipes:
+                call_pipe.send_bytes(call)
             while True:
                 ready = wait([pipe] + [p.sentinel for p in self.processes])
                 if pipe in ready:

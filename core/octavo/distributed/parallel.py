@@ -32,16 +32,21 @@ class ParallelConfig:
 
     @classmethod
     def from_args(cls, args) -> "ParallelConfig":
-        """The layout an ``EngineArgs`` asks for, the environment filling what it leaves unset."""
+        """The layout an ``EngineArgs`` asks for, the environment filling what it leaves unset
+        (``NNODES`` and ``NODE_RANK`` only when it asks for more than one rank: a one-rank
+        engine started inside some other job's environment is still one rank)."""
         env = os.environ
+        sharded = args.tensor_parallel_size > 1
         return cls(
             tensor_parallel_size=args.tensor_parallel_size,
-            nnodes=args.nnodes if args.nnodes is not None else _env_int("NNODES", 1),
-            node_rank=args.node_rank if args.node_rank is not None else _env_int("NODE_RANK", 0),
+            nnodes=args.nnodes if args.nnodes is not None else _env_int("NNODES", 1, sharded),
+            node_rank=args.node_rank
+            if args.node_rank is not None
+            else _env_int("NODE_RANK", 0, sharded),
             master_addr=args.master_addr or env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
             master_port=args.master_port
             if args.master_port is not None
-            else _env_int("MASTER_PORT", None),
+            else _env_int("MASTER_PORT", None, sharded),
         ).validated()
 
     def validated(self) -> "ParallelConfig":
@@ -104,8 +109,8 @@ class ParallelConfig:
         return self
 
 
-def _env_int(name: str, default: Optional[int]) -> Optional[int]:
-    raw = os.environ.get(name)
+def _env_int(name: str, default: Optional[int], read: bool = True) -> Optional[int]:
+    raw = os.environ.get(name) if read else None
     if raw is None or not raw.strip():
         return default
     try:
