@@ -281,33 +281,7 @@ class EngineArgs:
         )
         group.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
         group.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
-        group.add_argument(
-            "--tensor-parallel-size",
-            "-tp",
-            type=int,
-            default=1,
-            help="shard the model over this many worker processes (torch.distributed)",
-        )
-        group.add_argument(
-            "--nnodes", type=int, default=None, help="nodes the ranks span (default: NNODES or 1)"
-        )
-        group.add_argument(
-            "--node-rank",
-            type=int,
-            default=None,
-            help="this node's index; nodes other than 0 run workers only (default: NODE_RANK or 0)",
-        )
-        group.add_argument(
-            "--master-addr",
-            default=None,
-            help="node 0's address for the rendezvous (default: MASTER_ADDR or 127.0.0.1)",
-        )
-        group.add_argument(
-            "--master-port",
-            type=int,
-            default=None,
-            help="the rendezvous port (default: MASTER_PORT, else a free port on one node)",
-        )
+        add_parallel_args(group)
         group.add_argument("--quantization", "-q", default=None, choices=[None, *QUANTIZATIONS])
         group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
         group.add_argument(
@@ -347,3 +321,34 @@ class EngineArgs:
         values = {k: v for k, v in vars(args).items() if k in names}
         values.update(overrides)
         return cls(**values)
+
+
+def add_parallel_args(group) -> None:
+    """The tensor-parallel and multi-node flags (:mod:`octavo.distributed.parallel`)."""
+    group.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="shard the model over this many worker processes (torch.distributed)",
+    )
+    group.add_argument(
+        "--nnodes", type=int, default=None, help="nodes the ranks span (default: NNODES or 1)"
+    )
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        help="this node's index; nodes other than 0 run workers only (default: NODE_RANK or 0)",
+    )
+    group.add_argument(
+        "--master-addr",
+        default=None,
+        help="node 0's address for the rendezvous (default: MASTER_ADDR or 127.0.0.1)",
+    )
+    group.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="the rendezvous port (default: MASTER_PORT, else a free port on one node)",
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -23,10 +24,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("shape", ["gqa-untied", "kv1-tied", "qwen2-mha"])
 def test_tp2_greedy_tokens_equal_tp1(tp_models, shape):
-    expected = greedy_ids(make_llm(tp_models[shape], 1))
+    one = make_llm(tp_models[shape], 1)
+    expected = greedy_ids(one)
     llm = make_llm(tp_models[shape], 2)
     try:
         assert greedy_ids(llm) == expected
+        # each rank sized its cache from its own bytes (half), for half the KV heads (or one)
+        blocks = llm.engine.core.kv_cache_manager.block_pool.num_blocks
+        one_blocks = one.engine.core.kv_cache_manager.block_pool.num_blocks
+        assert blocks == (one_blocks if shape != "kv1-tied" else one_blocks // 2)
         processes = llm.engine.core.runner.processes
         assert len(processes) == 2 and all(p.is_alive() for p in processes)
     finally:
@@ -110,6 +116,15 @@ def test_a_rank_that_fails_to_start_is_reported_with_its_error(tp_models, monkey
         make_llm(tp_models["gqa-untied"], 2)
 
 
+def test_a_taken_rendezvous_port_is_refused_before_any_worker_starts(tp_models):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"rendezvous port {port} is in use"):
+            make_llm(tp_models["gqa-untied"], 2, master_port=port)
+
+
 def test_two_nodes_on_loopback_equal_one_node(tp_models):
     model = tp_models["kv1-tied"]
     expected = greedy_ids(make_llm(model, 1))
@@ -127,7 +142,13 @@ def test_two_nodes_on_loopback_equal_one_node(tp_models):
         assert len(llm.engine.core.runner.processes) == 1  # rank 0 here, rank 1 on "node 1"
         assert greedy_ids(llm) == expected
         llm.shutdown()
-        assert node1.wait(timeout=60) == 0, node1.stdout.read().decode()
+        try:
+            code = node1.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = "still running after 60 s"
+        if node1.poll() is None:
+            node1.kill()
+        assert code == 0, node1.stdout.read().decode()
     finally:
         if node1.poll() is None:
             node1.kill()

@@ -127,6 +127,17 @@ def test_a_dead_worker_turns_health_to_503_and_fails_requests_clearly(tp_models)
     assert running(pids) == []
 
 
+def test_workers_of_a_killed_server_exit_on_their_own(tp_models):
+    server = start_server(tp_models["gqa-untied"], free_port())
+    pids = worker_pids(server)
+    server.kill()  # no shutdown runs: each worker sees its parent gone
+    server.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while running(pids):
+        assert time.monotonic() < deadline, f"workers {running(pids)} outlived the server"
+        time.sleep(0.2)
+
+
 def offline_params():
     from octavo import SamplingParams
 

@@ -18,6 +18,7 @@ import datetime
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -84,11 +85,12 @@ def run_worker(spec: WorkerSpec, conn) -> None:
         conn.send(("error", detail, is_config_error))
         return
     conn.send(("ready", worker.info(), False))
-    try:
-        worker.serve(conn)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    worker.serve(conn)
+    # Told to stop: leave at once. Tearing down the process group, or letting the interpreter
+    # finalise gloo's threads, can block on or abort at a peer that is leaving too.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class Worker:
