@@ -118,3 +118,21 @@ def test_each_rank_reads_only_its_shard_and_the_shards_make_the_whole(tmp_path, 
     assert torch.equal(down, whole_params[layer + "mlp.down_proj.weight"])
     embed = torch.cat([p["model.embed_tokens.weight"] for p in params])[: spec.vocab_size]
     assert torch.equal(embed, whole_params["model.embed_tokens.weight"])
+
+
+def test_what_crosses_to_a_worker_pickles_whole(tmp_path):
+    import pickle
+
+    from octavo.errors import RequestError
+    from octavo.structured_output.backend import LazyGrammarBackend
+
+    error = pickle.loads(pickle.dumps(RequestError({"a": "bad seed", "b": "no token"})))
+    assert error.messages == {"a": "bad seed", "b": "no token"} and error.request_ids == ["a", "b"]
+    folder = write_tiny_model(tmp_path / "m", TinyModelSpec())
+    config = ModelConfig.from_folder(folder, dtype="float32")
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy == config and dict(copy.hf_config) == dict(config.hf_config)
+    with pytest.raises(TypeError):
+        copy.hf_config["x"] = 1  # still read-only
+    backend = pickle.loads(pickle.dumps(LazyGrammarBackend(None, 512, (2,), any_whitespace=True)))
+    assert backend.any_whitespace is True
