@@ -9,7 +9,6 @@ from __future__ import annotations
 import psutil
 import torch
 
-from octavo.distributed.communicator import TorchDistributedCommunicator
 from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.activation import make_silu_and_mul
@@ -20,6 +19,7 @@ from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.rotary import make_rotary_embedding
 from octavo_cpu.sampler import sample
+from octavo_cpu.shm_communicator import make_communicator
 from octavo_cpu.threads import StepThreads, ThreadedForward
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
 
@@ -167,7 +167,7 @@ def octavo_rejection_sampler(platform):
 @hookimpl
 def octavo_communicator(platform, group):
     if _mine(platform):
-        return TorchDistributedCommunicator(group)  # gloo: the host's TCP/shared-memory rings
+        return make_communicator(group)  # shared memory on one host, else gloo
 
 
 @hookimpl
