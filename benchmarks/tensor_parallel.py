@@ -10,12 +10,14 @@ Throughput: ``--num-requests`` random prompts of 64-256 tokens, 64 greedy output
 rounds. The greedy tokens of the two are compared, in bf16 (the benchmark's) and in float32 (8
 of the requests).
 
-Communication: two gloo processes time, at the model's shapes, what a TP = 2 step adds per
-forward: an all-reduce of ``[T, hidden]`` after each attention and each MLP (2 per layer) and
-after the embedding, an all-gather of the logits ``[S, vocab / 2]``, and rank 0's broadcast of
-the step's call (a pickled ``SchedulerOutput``, its size measured from a real step) to the
-other ranks; T = 1, 16 and 256 tokens (decode of one request, decode of 16, a prefill chunk).
-The broadcast is set against the alternative, the same call over a pipe to a local process.
+Communication: two processes time, at the model's shapes, what a TP = 2 step adds per
+forward, with the cpu platform's communicator (shared memory on one host) and with gloo
+(``OCTAVO_CPU_SHM=0``): an all-reduce of ``[T, hidden]`` after each attention and each MLP (2
+per layer) and after the embedding, an all-gather of the logits ``[S, vocab / 2]``, and rank
+0's broadcast of the step's call (a pickled ``SchedulerOutput``, its size measured from a real
+step) to the other ranks; T = 1, 16 and 256 tokens (decode of one request, decode of 16, a
+prefill chunk). The broadcast is set against the alternative, the same call over a pipe to a
+local process.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pickle
 import statistics
 import subprocess
@@ -37,6 +40,7 @@ from octavo.bench.datasets import random_requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODEL_SPECS, make_model  # noqa: E402
 
+SHM = {"shared-memory": "1", "gloo": "0"}
 COMM_SCRIPT = r"""
 import sys, time, datetime, json
 import torch, torch.distributed as dist
@@ -45,6 +49,8 @@ call_bytes = json.loads(sys.argv[6])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=120))
 torch.set_num_threads(1)
+from octavo.platform.facade import Platform
+comm = Platform.select("cpu").communicator(dist.group.WORLD)  # OCTAVO_CPU_SHM picks which
 results = {}
 for tokens, sampled in ((1, 1), (16, 16), (256, 1)):
     x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
@@ -59,7 +65,7 @@ for tokens, sampled in ((1, 1), (16, 16), (256, 1)):
     def step():
         timed("broadcast_call", lambda: dist.broadcast_object_list([call if rank == 0 else None]))
         for _ in range(2 * layers + 1):
-            timed("all_reduce", lambda: dist.all_reduce(x))
+            timed("all_reduce", lambda: comm.all_reduce(x))
         timed("all_gather_logits", lambda: dist.all_gather(parts, logits))
     for _ in range(5):
         step()
@@ -69,6 +75,7 @@ for tokens, sampled in ((1, 1), (16, 16), (256, 1)):
     for _ in range(n):
         step()
     results[tokens] = {k: round(v / n * 1e3, 3) for k, v in timings.items()}
+    results["communicator"] = type(comm).__name__
 if rank == 0:
     print(json.dumps(results), flush=True)
 dist.barrier()
@@ -120,7 +127,7 @@ def call_sizes(model: Path) -> dict[int, int]:
     }
 
 
-def communication(spec, call_bytes: dict[int, int]) -> dict:
+def communication(spec, call_bytes: dict[int, int], shm: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "comm.py"
         script.write_text(COMM_SCRIPT)
@@ -133,7 +140,10 @@ def communication(spec, call_bytes: dict[int, int]) -> dict:
         args += [str(spec.num_hidden_layers), json.dumps(call_bytes)]
         ranks = [
             subprocess.Popen(
-                [sys.executable, str(script), str(rank), *args], stdout=subprocess.PIPE, text=True
+                [sys.executable, str(script), str(rank), *args],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "OCTAVO_CPU_SHM": shm},
             )
             for rank in range(2)
         ]
@@ -190,7 +200,7 @@ def main() -> None:
     tokens: dict[int, list] = {}
     for _ in range(args.rounds):
         for workload, (reqs, sampling) in workloads.items():
-            for tp in (1, 2):
+            for tp in (1, 2):  # TP = 2 with the shared-memory all-reduce (the default)
                 rate, out = throughput(model, tp, reqs, sampling)
                 if workload == "batch":
                     tokens[tp] = out
@@ -200,7 +210,7 @@ def main() -> None:
     fp32 = [throughput(model, tp, requests[:8], params, "float32")[1] for tp in (1, 2)]
     same_fp32 = sum(a == b for a, b in zip(*fp32))
     call_bytes = call_sizes(model)
-    comm = communication(spec, call_bytes)
+    comm = {name: communication(spec, call_bytes, shm) for name, shm in SHM.items()}
     report = {
         "date": datetime.date.today().isoformat(),
         "model": f"~100M Llama bf16 ({spec.num_hidden_layers} layers, hidden {spec.hidden_size})",
