@@ -39,6 +39,17 @@ def test_tp2_greedy_tokens_equal_tp1(tp_models, shape):
         llm.shutdown()
 
 
+def test_tp2_on_gloo_alone_equals_tp1(tp_models, monkeypatch):
+    """The all-reduce through gloo (OCTAVO_CPU_SHM=0: what ranks on different hosts use)."""
+    expected = greedy_ids(make_llm(tp_models["gqa-untied"], 1))
+    monkeypatch.setenv("OCTAVO_CPU_SHM", "0")
+    llm = make_llm(tp_models["gqa-untied"], 2)
+    try:
+        assert greedy_ids(llm) == expected
+    finally:
+        llm.shutdown()
+
+
 def test_stories260k_tp2_equals_tp1_with_seeded_sampling_and_structured_output(
     stories260k_path,
 ):

@@ -56,7 +56,8 @@ def make_communicator(group: Any) -> TorchDistributedCommunicator:
     wanted = os.environ.get(SHM_ENV, "1") != "0"
     if wanted and len(set(hosts)) == 1 and host.machine() in ("x86_64", "AMD64"):
         folder, needed = shm_folder(), segment_bytes(len(hosts))
-        room = [os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize >= 2 * needed]
+        free = os.statvfs(folder)
+        room = [free.f_bavail * free.f_frsize >= 2 * needed]
         dist.broadcast_object_list(room, src=dist.get_global_rank(group, 0), group=group)
         if room[0]:  # all ranks take rank 0's answer: they must agree
             return SharedMemoryCommunicator(group)
