@@ -1,8 +1,9 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
 ``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), and the
-forward that runs each step on the threads its size pays for (``graph_runner``), and gloo
-collectives for tensor parallelism (``communicator``). This module only wires them."""
+forward that runs each step on the threads its size pays for (``graph_runner``), and the
+collectives of tensor parallelism (``communicator``: all-reduce through shared memory for ranks
+on one host, else gloo). This module only wires them."""
 
 from __future__ import annotations
 
