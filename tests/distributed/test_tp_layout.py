@@ -43,6 +43,12 @@ def test_shapes_that_cannot_be_split_are_a_config_error_before_any_worker_starts
         LLM(str(odd), tensor_parallel_size=2, kv_cache_memory="8MiB")
 
 
+def test_a_node_other_than_0_is_refused_an_engine(tmp_path):
+    model = write_tiny_model(tmp_path / "m", TinyModelSpec())
+    with pytest.raises(ConfigError, match="runs tensor-parallel workers only"):
+        LLM(str(model), tensor_parallel_size=2, nnodes=2, node_rank=1, master_port=29999)
+
+
 def test_rendezvous_settings_come_from_flags_then_the_environment(monkeypatch):
     from octavo.config import EngineArgs
 
@@ -102,7 +108,7 @@ def test_each_rank_reads_only_its_shard_and_the_shards_make_the_whole(tmp_path, 
 
     whole, _ = load(TPGroup())
     shards = [load(TPGroup(2, rank, communicator=object())) for rank in range(2)]
-    full = {name: t.shape.numel() for name, t in _Recorded(folder).__iter__()}
+    full = {name: t.shape.numel() for name, t in iterate_checkpoint(folder)}
     for name, numel in full.items():
         read = [reads[name] for _, reads in shards]
         if "norm" in name:

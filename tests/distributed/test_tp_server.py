@@ -15,6 +15,8 @@ import psutil
 import pytest
 from tp_helpers import free_port, make_llm, running
 
+from octavo import SamplingParams
+
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")
 
@@ -49,9 +51,8 @@ def worker_pids(server: subprocess.Popen) -> list[int]:
 def test_served_tp2_equals_offline_tp1_and_sigterm_drains_and_stops_the_workers(tp_models):
     model = tp_models["gqa-untied"]
     offline = make_llm(model, 1)
-    expected = [
-        o.outputs[0].text for o in offline.generate(PROMPTS, offline_params(), use_tqdm=False)
-    ]
+    greedy = SamplingParams(temperature=0.0, max_tokens=20)
+    expected = [o.outputs[0].text for o in offline.generate(PROMPTS, greedy, use_tqdm=False)]
     port = free_port()
     server = start_server(model, port)
     try:
@@ -136,9 +137,3 @@ def test_workers_of_a_killed_server_exit_on_their_own(tp_models):
     while running(pids):
         assert time.monotonic() < deadline, f"workers {running(pids)} outlived the server"
         time.sleep(0.2)
-
-
-def offline_params():
-    from octavo import SamplingParams
-
-    return SamplingParams(temperature=0.0, max_tokens=20)

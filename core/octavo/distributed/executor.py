@@ -72,7 +72,7 @@ def await_ready(processes: list, pipes: list, ranks: range) -> list[dict[str, An
     """Each worker's start-up info, once every one is ready; a worker that failed or died first
     stops them all and is reported (a ConfigError stays one)."""
     infos: dict[int, dict] = {}
-    pending = dict(zip(range(len(pipes)), pipes))
+    pending = dict(enumerate(pipes))
     while pending:
         ready = wait(list(pending.values()) + [p.sentinel for p in processes])
         for i, pipe in list(pending.items()):

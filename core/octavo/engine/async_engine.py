@@ -108,8 +108,9 @@ class AsyncEngine:
         """Why the engine loop is not running, for error messages."""
         if self._error is not None:
             return f"the engine loop failed: {type(self._error).__name__}: {self._error}"
-        if self.engine.core.check_alive() is not None:
-            return f"the engine cannot run: {self.engine.core.check_alive()}"
+        failure = self.engine.core.check_alive()
+        if failure is not None:
+            return f"the engine cannot run: {failure}"
         return "the engine loop is not running"
 
     # --- the event loop's side ----------------------------------------------------------------
