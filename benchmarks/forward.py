@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from octavo.model_executor.batch_runner import RunnerConfig
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.model_executor.model_runner import ModelRunner
 from octavo.platform import Platform
 from octavo.sampling_params import SamplingParams
 from octavo.sched.output import (

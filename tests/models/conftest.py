@@ -9,8 +9,9 @@ import pytest
 import torch
 from model_cases import TINY_SPECS
 
+from octavo.model_executor.batch_runner import RunnerConfig
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.model_executor.model_runner import ModelRunner
 from octavo.testing.tiny_models import write_tiny_model
 
 

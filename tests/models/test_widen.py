@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from test_greedy import assert_bfloat16_greedy_matches
 
+from octavo.model_executor.batch_runner import RunnerConfig
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.model_executor.model_runner import ModelRunner
 from octavo.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from octavo.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 from octavo.models.layers.norm import RMSNorm

@@ -26,8 +26,8 @@ from octavo.distributed.parallel import ParallelConfig, check_shardable
 from octavo.distributed.worker import WorkerSpec, run_worker
 from octavo.errors import ConfigError
 from octavo.kv_cache.sizing import KVCacheSizing
+from octavo.model_executor.batch_runner import RunnerConfig
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import RunnerConfig
 from octavo.model_executor.runner_output import ModelRunnerOutput
 from octavo.sched.output import SchedulerOutput
 

@@ -29,8 +29,9 @@ import torch.distributed as dist
 
 from octavo.distributed.parallel import ParallelConfig
 from octavo.errors import ConfigError, RequestError
+from octavo.model_executor.batch_runner import RunnerConfig
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.model_executor.model_runner import ModelRunner
 from octavo.models.layers.linear import TPGroup
 from octavo.platform.facade import Platform
 

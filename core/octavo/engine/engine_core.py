@@ -13,8 +13,9 @@ from octavo.engine.core_output import EngineCoreOutput
 from octavo.errors import ConfigError, RequestError
 from octavo.inputs import RequestOptions
 from octavo.kv_cache.manager import KVCacheManager
+from octavo.model_executor.batch_runner import RunnerConfig
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import ModelRunner, RunnerConfig
+from octavo.model_executor.model_runner import ModelRunner
 from octavo.model_executor.runner_output import ModelRunnerOutput
 from octavo.outputs.types import FinishReason
 from octavo.platform.facade import Platform
