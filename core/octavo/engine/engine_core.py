@@ -110,9 +110,18 @@ class EngineCore:
         )
 
     def _build_runner(self, runner_config: RunnerConfig):
-        """The model runner in this process, or with tensor parallelism this node's ranks as
-        worker processes (:class:`MultiprocExecutor`), which answer the same calls."""
+        """The platform's own runner (``octavo_model_runner``), else the torch model runner in
+        this process, or with tensor parallelism this node's ranks as worker processes
+        (:class:`MultiprocExecutor`), which answer the same calls."""
         parallel = self.args.parallel_config
+        own_runner = self.platform.model_runner(runner_config)
+        if own_runner is not None:
+            if parallel.tensor_parallel_size > 1:
+                raise ConfigError(
+                    f"platform {self.platform.name!r} runs the model with its own runner, "
+                    "which does not shard it yet: use --tensor-parallel-size 1"
+                )
+            return own_runner(self.model_config, self.platform, runner_config)
         if parallel.tensor_parallel_size == 1:
             return ModelRunner(self.model_config, self.platform, runner_config)
         if parallel.node_rank != 0:

@@ -307,6 +307,27 @@ class BatchRunner:
             kept &= np.array([req_ids[row] not in failed for row in rows.tolist()])
         return kept
 
+    def _emit_samples(
+        self,
+        rows: np.ndarray,
+        tokens: np.ndarray,
+        row_logprobs: list,
+        failed: dict[str, str],
+        sampled_token_ids: list[list[int]],
+        logprobs: list,
+    ) -> np.ndarray:
+        """Keep the valid samples of ``rows`` (``tokens [S, W]``, -1 padded), append them to
+        their requests and the grammars, and fill the step's ``sampled_token_ids`` and
+        ``logprobs`` (per batch row) with them. Returns which sampling rows kept theirs."""
+        kept = self._keep_valid_samples(rows, tokens, self.model_config.vocab_size, failed)
+        emitted = self._record_sampled(rows[kept], tokens[kept])
+        if self.grammar is not None:
+            self.grammar.accept_emitted(self.input_batch, rows[kept], emitted)
+        for i, row_tokens in zip(np.flatnonzero(kept).tolist(), emitted):
+            sampled_token_ids[rows[i]] = row_tokens
+            logprobs[rows[i]] = row_logprobs[i]
+        return kept
+
     def _record_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> list[list[int]]:
         """Append each row's sampled tokens (``[S, W]``, -1 padded) to its request (batch row
         and state); returns them, a list per row."""

@@ -189,13 +189,9 @@ class ModelRunner(BatchRunner):
                 tokens, row_logprobs = self.sample_tokens(logits, rows, failed)
             else:
                 tokens, row_logprobs = self.speculation.sample(logits, rows, step, failed)
-            kept = self._keep_valid_samples(rows, tokens, logits.shape[-1], failed)
-            emitted = self._record_sampled(rows[kept], tokens[kept])
-            if self.grammar is not None:
-                self.grammar.accept_emitted(batch, rows[kept], emitted)
-            for i, row_tokens in zip(np.flatnonzero(kept).tolist(), emitted):
-                sampled_token_ids[rows[i]] = row_tokens
-                logprobs[rows[i]] = row_logprobs[i]
+            kept = self._emit_samples(
+                rows, tokens, row_logprobs, failed, sampled_token_ids, logprobs
+            )
             if self.speculation is not None:
                 context = ProposeContext(
                     batch, rows[kept], step, step_hidden_states, self.process_logits

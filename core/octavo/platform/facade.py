@@ -7,7 +7,7 @@ returned kernels, so the per-step path never goes through pluggy.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pluggy
 import torch
@@ -27,6 +27,7 @@ from octavo.platform.types import (
     BitmaskFn,
     Capabilities,
     Communicator,
+    EngineRunner,
     LinearPacker,
     MemoryInfo,
     PlatformInfo,
@@ -163,6 +164,12 @@ class Platform:
         """The forward the runner calls for ``model``: the platform's own, or the model."""
         result = self.pm.hook.octavo_graph_runner(platform=self.info, model=model, config=config)
         return result if result is not None else model
+
+    def model_runner(self, runner_config: Any) -> Optional[Callable[..., EngineRunner]]:
+        """The platform's own model runner (``octavo_model_runner``) as a factory called
+        ``factory(model_config, platform, runner_config)``, or None for the core's torch
+        runner."""
+        return self.pm.hook.octavo_model_runner(platform=self.info, config=runner_config)
 
     def communicator(self, group: Any) -> Communicator:
         """Collectives over the torch.distributed ``group`` (of ``capabilities.dist_backend``)."""

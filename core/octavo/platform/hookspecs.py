@@ -212,9 +212,21 @@ def octavo_graph_runner(platform: PlatformInfo, model: Any, config: Any) -> Opti
 
 @hookspec(firstresult=True)
 def octavo_model_runner(platform: PlatformInfo, config: Any) -> Optional[Any]:
-    """Return a model runner of the platform's own (e.g. a JAX runner on TPU).
+    """Return the platform's own model runner (e.g. a JAX runner on TPU), as a factory the
+    engine calls ``factory(model_config, platform, config)``: the model's ``ModelConfig``, the
+    chosen :class:`~octavo.platform.Platform` and ``config``, the engine's ``RunnerConfig``
+    (block size, step limits, speculation).
 
-    None means the core's torch model runner. Stops at the first non-None result. Called once.
+    The runner it makes is an :class:`~octavo.platform.types.EngineRunner`: the engine core
+    hands it each ``SchedulerOutput`` and gets back a ``ModelRunnerOutput`` (the tokens sampled
+    per request); nothing else crosses. Building on
+    :class:`octavo.model_executor.batch_runner.BatchRunner` gives it the request states, the
+    persistent batch and the step's flat inputs that the core's runner uses. It raises
+    :class:`octavo.errors.ConfigError` for what it cannot run (at start-up, before any
+    request).
+
+    None means the core's torch ``ModelRunner``. Stops at the first non-None result. Called
+    once at start-up.
     """
 
 

@@ -241,3 +241,33 @@ class Communicator(Protocol):
     def send(self, tensor: torch.Tensor, dst: int) -> None: ...
 
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class EngineRunner(Protocol):
+    """What the engine core calls on a model runner: the core's ``ModelRunner``, a
+    ``MultiprocExecutor`` of tensor-parallel workers, or a platform's own (the
+    ``octavo_model_runner`` hook)."""
+
+    recompute_last_cached_block: bool
+    """True when a prefix-cache hit must leave its last block to be recomputed (a draft
+    model needs that block's hidden states)."""
+
+    def plan_kv_cache(self, cache_config: Any) -> Any:
+        """The ``KVCacheSizing`` this runner's memory allows (``octavo.kv_cache.sizing``)."""
+
+    def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        """Allocate the paged cache (and the host cache swapped-out blocks go to)."""
+
+    def enable_structured_output(self, backend: Callable[[], Any]) -> None:
+        """Constrain requests with ``structured_outputs`` (``backend()`` gives the grammars)."""
+
+    def execute_model(self, scheduler_output: Any) -> Any:
+        """Run one ``SchedulerOutput``; return its ``ModelRunnerOutput``. A ``RequestError``
+        blames some requests (the runner then holds none; the scheduler restarts the rest)."""
+
+    def check_alive(self) -> Optional[str]:
+        """Why this runner cannot step any more, or None."""
+
+    def shutdown(self) -> None:
+        """Stop what the runner started; idempotent."""

@@ -1,44 +1,36 @@
-"""Hook implementations of the tpu platform (Google TPUs, JAX/Pallas kernels)."""
+"""Hook implementations of the tpu platform (Google TPUs: a JAX model runner, Pallas kernels).
+
+The engine runs the model through the platform's own runner (``octavo_model_runner``); the
+torch-facing kernel hooks wrap the same Pallas kernels for the conformance suite.
+``OCTAVO_PALLAS_INTERPRET=1`` runs all of it on the CPU (``octavo_tpu.runtime``).
+"""
 
 from __future__ import annotations
 
-import glob
-import importlib.util
-import os
-
+import psutil
 import torch
 
-from octavo.platform import Capabilities, PlatformInfo, hookimpl
-from octavo.platform.pending import kernel_pending
+from octavo.errors import ConfigError
+from octavo.ops import reference
+from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
+from octavo_tpu import runtime
 
 NAME = "tpu"
 PRIORITY = 30
+INTERPRET_KV_CACHE_MEMORY = 64 << 20  # bytes, when interpreting and no size is given
 
 
 def _mine(platform: PlatformInfo) -> bool:
     return platform.name == NAME
 
 
-def _why_unavailable() -> str | None:
-    """None when a TPU runtime is present, else the reason. Never starts a TPU client: only
-    device files and installed packages are looked at."""
-    if importlib.util.find_spec("jax") is None:
-        return "jax is not installed (pip install octavo[tpu])"
-    if importlib.util.find_spec("libtpu") is None:
-        return "libtpu is not installed: no TPU runtime (pip install 'jax[tpu]')"
-    if not (
-        glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or os.environ.get("TPU_NAME")
-    ):
-        return "no TPU device found (/dev/accel* or /dev/vfio/*)"
-    return None
-
-
 @hookimpl
 def octavo_platform_detect() -> PlatformInfo:
-    why = _why_unavailable()
+    interpret = runtime.interpreting()
+    why = runtime.why_unavailable(interpret)
     if why is not None:
         return PlatformInfo(NAME, "tpu", False, PRIORITY, why)
-    return PlatformInfo(NAME, "tpu", True, PRIORITY, "TPU device files and libtpu present")
+    return PlatformInfo(NAME, "tpu", True, PRIORITY, runtime.reason(interpret))
 
 
 @hookimpl
@@ -54,25 +46,72 @@ def octavo_platform_capabilities(platform):
         )
 
 
-def _pending(kernel: str):
-    raise kernel_pending(
-        NAME, kernel, "the Pallas kernels and JAX model runner land with the tpu issue"
-    )
+@hookimpl
+def octavo_configure(platform, config):
+    if not _mine(platform):
+        return None
+    if getattr(config, "speculative_config", None) is not None:
+        raise ConfigError(
+            "the tpu platform does not run speculative decoding yet: drop --speculative-config "
+            "(or use --device cpu)"
+        )
+    if runtime.interpreting() and getattr(config, "kv_cache_memory", None) is None:
+        total = psutil.virtual_memory().total
+        return {"kv_cache_memory": min(INTERPRET_KV_CACHE_MEMORY, total // 5)}
+    return None
+
+
+@hookimpl
+def octavo_device_init(platform, local_rank):
+    if _mine(platform):
+        return torch.device("cpu")  # the torch side (host arrays); JAX places the model
+
+
+@hookimpl
+def octavo_memory_info(platform, device):
+    if not _mine(platform):
+        return None
+    if runtime.interpreting():
+        vm = psutil.virtual_memory()
+        return MemoryInfo(total=vm.total, free=vm.available, used=vm.total - vm.available)
+    stats = runtime.jax_device(False).memory_stats() or {}
+    total, used = stats.get("bytes_limit", 0), stats.get("bytes_in_use", 0)
+    return MemoryInfo(total=total, free=total - used, used=used)
+
+
+@hookimpl
+def octavo_model_runner(platform, config):
+    if _mine(platform):
+        from octavo_tpu.runner import make_runner
+
+        return make_runner(runtime.interpreting())
 
 
 @hookimpl
 def octavo_attention_backend(platform, spec):
     if _mine(platform):
-        _pending("paged attention")
+        from octavo_tpu.bridge import PallasAttentionBackend
+
+        return PallasAttentionBackend(spec, runtime.interpreting())
 
 
 @hookimpl
 def octavo_rms_norm(platform, hidden_size, eps, dtype):
     if _mine(platform):
-        _pending("RMSNorm")
+        from octavo_tpu.bridge import make_rms_norm
+
+        return make_rms_norm(eps, runtime.interpreting())
 
 
 @hookimpl
 def octavo_sampler(platform, vocab_size):
     if _mine(platform):
-        _pending("sampler")
+        from octavo_tpu.bridge import make_sampler
+
+        return make_sampler(runtime.interpreting())
+
+
+@hookimpl
+def octavo_apply_token_bitmask(platform):
+    if _mine(platform):
+        return reference.apply_token_bitmask  # grammars run on the host's copy of the logits

@@ -4,14 +4,14 @@ KV cache layout, one array per layer: ``[2, num_blocks, num_kv_heads, block_size
 (K then V), so one block of one layer is a ``[num_kv_heads, block_size, head_dim]`` tile whose
 last two dimensions are whole, as Mosaic's tiling wants.
 
-The kernel's grid is ``(token, block of its request)``: each query token attends to the first
-``context_lens[t]`` positions of its request (its own position included, so causality and
-chunked prefill need no other mask), one KV block per grid step, with an online softmax kept
-in VMEM scratch. The block table rides in SMEM as scalar prefetch and picks each step's block
-in the BlockSpec's index map, so Pallas pipelines the block copies; steps past a token's
-context re-use the last block's index (no copy) and skip the arithmetic. A TPU tuning pass
-would tile several query tokens of one request per step; this one is written to be obviously
-right first.
+The kernel's grid is the query tokens: each attends to the first ``context_lens[t]`` positions
+of its request (its own position included, so causality and chunked prefill need no other
+mask). The cache stays where it is (``memory_space=ANY``); the kernel walks the token's blocks
+through the block table (scalar prefetch, in SMEM) and copies each block's K and V into VMEM
+by DMA, keeping an online softmax. Only the blocks a token sees are read (with a sliding
+window, only those inside it). A TPU tuning pass would tile several query tokens of one
+request per program and double-buffer the copies; this one is written to be obviously right
+first.
 """
 
 from __future__ import annotations
@@ -51,62 +51,72 @@ def _attention_kernel(
     context_lens_ref,  # scalar prefetch: [T] positions the token sees (0: a padding token)
     block_table_ref,  # scalar prefetch: [R * max_blocks] flattened
     q_ref,  # [H, D] this token's query
-    k_ref,  # [KVH, BS, D] one block of keys
-    v_ref,  # [KVH, BS, D] one block of values
+    kv_ref,  # [2, N, KVH, BS, D] the whole cache, in place
     o_ref,  # [H, D]
-    m_scratch,  # [H, 1] running max
-    l_scratch,  # [H, 1] running sum
-    acc_scratch,  # [H, D] running weighted values
+    k_buf,  # VMEM [KVH, BS, D]: one block of keys
+    v_buf,  # VMEM [KVH, BS, D]: one block of values
+    copies,  # DMA semaphores [2]
     *,
     scale: float,
-    block_size: int,
     num_kv_heads: int,
     window: Optional[int],
     max_blocks: int,
 ):
-    t, j = pl.program_id(0), pl.program_id(1)
-    group = q_ref.shape[0] // num_kv_heads
-
-    @pl.when(j == 0)
-    def _init():
-        m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, jnp.float32)
-        l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
-        acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
-
+    t = pl.program_id(0)
+    num_heads, head_dim = q_ref.shape
+    block_size = k_buf.shape[1]
+    group = num_heads // num_kv_heads
     context = context_lens_ref[t]
-    start = jnp.maximum(context - window, 0) if window else 0
-    first = j * block_size
+    start = jnp.maximum(context - window, 0) if window else jnp.int32(0)
+    row_start = token_rows_ref[t] * max_blocks
+    q = q_ref[...].astype(jnp.float32) * scale
 
-    @pl.when((first < context) & (first + block_size > start))
-    def _one_block():
-        q = q_ref[...].astype(jnp.float32) * scale
-        position = first + jax.lax.broadcasted_iota(jnp.int32, (1, block_size), 1)
+    def one_block(j, carry):
+        m, total, acc = carry
+        block = block_table_ref[row_start + j]
+        copy_k = pltpu.make_async_copy(kv_ref.at[0, block], k_buf, copies.at[0])
+        copy_v = pltpu.make_async_copy(kv_ref.at[1, block], v_buf, copies.at[1])
+        copy_k.start()
+        copy_v.start()
+        copy_k.wait()
+        copy_v.wait()
+        position = j * block_size + jax.lax.broadcasted_iota(jnp.int32, (1, block_size), 1)
         visible = (position < context) & (position >= start)
+        heads = []
         for h in range(num_kv_heads):  # static: 2-D matmuls per KV head (GQA groups)
             rows = slice(h * group, (h + 1) * group)
-            k = k_ref[h].astype(jnp.float32)
-            v = v_ref[h].astype(jnp.float32)
             s = jax.lax.dot_general(
-                q[rows], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                q[rows],
+                k_buf[h].astype(jnp.float32),
+                (((1,), (1,)), ((), ())),
+                preferred_element_type=jnp.float32,
             )
             s = jnp.where(visible, s, -jnp.inf)
-            m_prev = m_scratch[rows]
-            m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+            m_new = jnp.maximum(m[rows], s.max(axis=1, keepdims=True))
             p = jnp.exp(s - m_new)
-            alpha = jnp.exp(m_prev - m_new)
-            l_scratch[rows] = alpha * l_scratch[rows] + p.sum(axis=1, keepdims=True)
+            alpha = jnp.exp(m[rows] - m_new)
             pv = jax.lax.dot_general(
-                p, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+                p,
+                v_buf[h].astype(jnp.float32),
+                (((1,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32,
             )
-            acc_scratch[rows] = alpha * acc_scratch[rows] + pv
-            m_scratch[rows] = m_new
+            heads.append(
+                (m_new, alpha * total[rows] + p.sum(axis=1, keepdims=True), alpha * acc[rows] + pv)
+            )
+        return tuple(jnp.concatenate(parts) for parts in zip(*heads))
 
-    @pl.when(j == max_blocks - 1)
-    def _write():
-        total = l_scratch[...]
-        seen = total > 0
-        out = acc_scratch[...] / jnp.where(seen, total, 1.0)
-        o_ref[...] = jnp.where(seen, out, 0.0).astype(o_ref.dtype)
+    init = (
+        jnp.full((num_heads, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((num_heads, 1), jnp.float32),
+        jnp.zeros((num_heads, head_dim), jnp.float32),
+    )
+    first_block = jax.lax.div(start, block_size)
+    last_block = jax.lax.div(context + block_size - 1, block_size)
+    _, total, acc = jax.lax.fori_loop(first_block, last_block, one_block, init)
+    seen = total > 0
+    out = acc / jnp.where(seen, total, 1.0)
+    o_ref[...] = jnp.where(seen, out, 0.0).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "window", "interpret"))
@@ -125,43 +135,29 @@ def paged_attention(
     cached positions (the last ``window`` of them with a sliding window); zeros for padding."""
     num_tokens, num_heads, head_dim = query.shape
     _, _, num_kv_heads, block_size, _ = kv_cache.shape
-    max_blocks = block_table.shape[1]
-
-    def kv_index(which):
-        def index(t, j, token_rows, context_lens, block_table):
-            last = jax.lax.div(jnp.maximum(context_lens[t] - 1, 0), block_size)
-            return (which, block_table[token_rows[t] * max_blocks + jnp.minimum(j, last)], 0, 0, 0)
-
-        return index
-
     kernel = functools.partial(
         _attention_kernel,
         scale=scale,
-        block_size=block_size,
         num_kv_heads=num_kv_heads,
         window=window,
-        max_blocks=max_blocks,
+        max_blocks=block_table.shape[1],
     )
-    kv_block = (None, None, num_kv_heads, block_size, head_dim)
+    per_token = pl.BlockSpec((None, num_heads, head_dim), lambda t, *_: (t, 0, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
-        grid=(num_tokens, max_blocks),
-        in_specs=[
-            pl.BlockSpec((None, num_heads, head_dim), lambda t, j, *_: (t, 0, 0)),
-            pl.BlockSpec(kv_block, kv_index(0)),
-            pl.BlockSpec(kv_block, kv_index(1)),
-        ],
-        out_specs=pl.BlockSpec((None, num_heads, head_dim), lambda t, j, *_: (t, 0, 0)),
+        grid=(num_tokens,),
+        in_specs=[per_token, pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=per_token,
         scratch_shapes=[
-            pltpu.VMEM((num_heads, 1), jnp.float32),
-            pltpu.VMEM((num_heads, 1), jnp.float32),
-            pltpu.VMEM((num_heads, head_dim), jnp.float32),
+            pltpu.VMEM((num_kv_heads, block_size, head_dim), kv_cache.dtype),
+            pltpu.VMEM((num_kv_heads, block_size, head_dim), kv_cache.dtype),
+            pltpu.SemaphoreType.DMA((2,)),
         ],
     )
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(query.shape, query.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
         interpret=interpret,
-    )(token_rows, context_lens, block_table.reshape(-1), query, kv_cache, kv_cache)
+    )(token_rows, context_lens, block_table.reshape(-1), query, kv_cache)
