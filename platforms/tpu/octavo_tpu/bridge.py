@@ -92,7 +92,8 @@ def make_rms_norm(eps: float, interpret: bool):
         shape = x.shape
         x2 = to_jax(x.reshape(-1, shape[-1]))
         if residual is None:
-            return to_torch(rms_norm.rms_norm(x2, to_jax(weight), eps=eps, interpret=interpret))
+            out = rms_norm.rms_norm(x2, to_jax(weight), eps=eps, interpret=interpret)
+            return to_torch(out).view(shape)
         out, summed = rms_norm.rms_norm(
             x2,
             to_jax(weight),

@@ -15,7 +15,6 @@ then the same JAX sampler draws from the result.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import jax
@@ -54,7 +53,7 @@ def bucket(sizes: tuple[int, ...], n: int) -> int:
     return next(size for size in sizes if size >= n)
 
 
-def sample_from_hidden(
+def _sample_from_hidden(
     shape, lm_head, hidden, indices, temperature, top_k, top_p, min_p, keys, *, all_greedy
 ):
     logits = compute_logits(shape, lm_head, hidden, indices)
@@ -68,6 +67,14 @@ def sample_from_hidden(
         all_greedy=all_greedy,
         interpret=shape.interpret,
     )
+
+
+# Jitted once per process with the model's shape static: engines of one model (and tests
+# building many) share each compiled step. The forward donates the KV caches (updated in
+# place).
+_forward = jax.jit(forward, static_argnums=0, donate_argnums=2)
+_logits = jax.jit(compute_logits, static_argnums=0)
+_sample_hidden = jax.jit(_sample_from_hidden, static_argnums=0, static_argnames=("all_greedy",))
 
 
 class JaxModelRunner(BatchRunner):
@@ -111,11 +118,6 @@ class JaxModelRunner(BatchRunner):
         max_blocks = self.input_batch.block_table.shape[1]
         self.block_buckets = buckets(min(16, max_blocks), max_blocks)
         self.sample_buckets = buckets(8, cfg.max_num_seqs)
-        self._forward = jax.jit(functools.partial(forward, self.shape), donate_argnums=(1,))
-        self._logits = jax.jit(functools.partial(compute_logits, self.shape))
-        self._sample_hidden = jax.jit(
-            functools.partial(sample_from_hidden, self.shape), static_argnames=("all_greedy",)
-        )
         self._compiled: set[tuple] = set()
         num_forward = len(self.token_buckets) * len(self.block_buckets)
         logger.info(
@@ -166,7 +168,7 @@ class JaxModelRunner(BatchRunner):
                 return ModelRunnerOutput.empty()
             step = self._prepare_inputs(scheduler_output)
             arrays = self._step_arrays(step)
-            hidden, self.kv.caches = self._forward(self.params, self.kv.caches, arrays)
+            hidden, self.kv.caches = _forward(self.shape, self.params, self.kv.caches, arrays)
             return self._sample(hidden, step)
         except RequestError:
             self._forget_requests()
@@ -175,7 +177,11 @@ class JaxModelRunner(BatchRunner):
     def _note_shape(self, *key) -> None:
         if key not in self._compiled:
             self._compiled.add(key)
-            logger.info("tpu runner: compiling %s (%d shapes so far)", key, len(self._compiled))
+            logger.info(
+                "tpu runner: first step of shape %s (%d so far; XLA compiles each once a process)",
+                key,
+                len(self._compiled),
+            )
 
     def _step_arrays(self, step: StepInputs) -> StepArrays:
         """The step's flat inputs padded to its token bucket and block-table width."""
@@ -236,11 +242,11 @@ class JaxModelRunner(BatchRunner):
             or (batch.num_logprobs[rows] >= 0).any()
         )
         if not on_host:
-            tokens = self._sample_hidden(
-                self.params["lm_head"], hidden, *args, all_greedy=metadata.all_greedy
+            tokens = _sample_hidden(
+                self.shape, self.params["lm_head"], hidden, *args, all_greedy=metadata.all_greedy
             )
             return np.asarray(tokens)[:count].astype(np.int64), [None] * count
-        logits = to_torch(self._logits(self.params["lm_head"], hidden, args[0]))[:count]
+        logits = to_torch(_logits(self.shape, self.params["lm_head"], hidden, args[0]))[:count]
         raw_logits = logits.clone()
         logits = self.process_logits(logits, rows, batch.num_tokens[rows], failed)
         processed = jax.device_put(_padded(logits.numpy(), padded), self.jax_device)

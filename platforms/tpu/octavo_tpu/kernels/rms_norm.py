@@ -45,6 +45,8 @@ def rms_norm(
     """``rms_norm(x) * weight`` for ``x [T, hidden]``; with ``residual``, the pair
     ``(rms_norm(x + residual) * weight, x + residual)``."""
     num_tokens, hidden = x.shape
+    if num_tokens == 0:
+        return x if residual is None else (x, x)
     padded = -(-num_tokens // TOKEN_TILE) * TOKEN_TILE
     pad = ((0, padded - num_tokens), (0, 0))
     rows = pl.BlockSpec((TOKEN_TILE, hidden), lambda i: (i, 0))
