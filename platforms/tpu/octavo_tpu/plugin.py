@@ -10,7 +10,6 @@ from __future__ import annotations
 import psutil
 import torch
 
-from octavo.errors import ConfigError
 from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_tpu import runtime
@@ -50,11 +49,6 @@ def octavo_platform_capabilities(platform):
 def octavo_configure(platform, config):
     if not _mine(platform):
         return None
-    if getattr(config, "speculative_config", None) is not None:
-        raise ConfigError(
-            "the tpu platform does not run speculative decoding yet: drop --speculative-config "
-            "(or use --device cpu)"
-        )
     if runtime.interpreting() and getattr(config, "kv_cache_memory", None) is None:
         total = psutil.virtual_memory().total
         return {"kv_cache_memory": min(INTERPRET_KV_CACHE_MEMORY, total // 5)}
