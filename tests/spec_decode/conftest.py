@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from spec_helpers import DRAFT, TARGET  # a unique module name: every test folder has a conftest
 
-from octavo.testing.tiny_models import write_tiny_model
+from octavo.testing.tiny_models import add_random_mtp_layer, write_tiny_model
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -18,7 +18,10 @@ def _tiny_shapes_on_one_thread(one_torch_thread):
 
 @pytest.fixture(scope="session")
 def target_model(tmp_path_factory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("spec_target") / "llama", TARGET)
+    """The tiny target, with one random MTP layer after its decoder stack (which serving
+    without the mtp method leaves unloaded)."""
+    folder = write_tiny_model(tmp_path_factory.mktemp("spec_target") / "llama", TARGET)
+    return add_random_mtp_layer(folder)
 
 
 @pytest.fixture(scope="session")

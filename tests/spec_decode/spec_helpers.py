@@ -112,6 +112,10 @@ def eagle(path: Path, k: int = 3, **extra) -> dict:
     }
 
 
+def mtp(k: int = 3, **extra) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k, "adaptive": False, **extra}
+
+
 def write_self_eagle_head(folder: Path, target: Path) -> Path:
     """An EAGLE head that is its one-layer target's own layer (``fc`` passes the token's
     embedding through, the target's final norm): at position p it computes the target's hidden

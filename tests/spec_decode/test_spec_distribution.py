@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
-from spec_helpers import draft, eagle, generate, make_llm, ngram
+from spec_helpers import draft, eagle, generate, make_llm, mtp, ngram
 
 from octavo import SamplingParams
 from octavo.ops import reference
@@ -74,10 +74,11 @@ def plain_samples(target_model) -> Counter:
     return samples
 
 
-@pytest.fixture(params=["ngram", "draft-model", "eagle"])
+@pytest.fixture(params=["ngram", "draft-model", "eagle", "mtp"])
 def spec_llm(request, target_model, draft_model, eagle_head):
     configs = {"ngram": ngram, "draft-model": lambda k: draft(draft_model, k)}
     configs["eagle"] = lambda k: eagle(eagle_head, k)
+    configs["mtp"] = mtp
     return make_llm(target_model, configs[request.param](2))
 
 

@@ -246,8 +246,12 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden_states)
 
     def _skip(self, name: str) -> bool:
-        return "rotary_emb.inv_freq" in name or (
-            self.config.tie_word_embeddings and name == "lm_head.weight"
+        """Tensors the model does not load: RoPE buffers, a tied head, and the layers past the
+        decoder stack (a checkpoint's MTP layers, ``octavo.spec_decode.mtp``'s to load)."""
+        return (
+            "rotary_emb.inv_freq" in name
+            or (self.config.tie_word_embeddings and name == "lm_head.weight")
+            or _past_the_stack(name, self.config.num_hidden_layers)
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -255,3 +259,10 @@ class LlamaForCausalLM(nn.Module):
 
     def checkpoint_tensor_names(self) -> set[str]:
         return expected_checkpoint_names(self, self.STACKED_PARAMS)
+
+
+def _past_the_stack(name: str, num_hidden_layers: int) -> bool:
+    if not name.startswith("model.layers."):
+        return False
+    index = name[len("model.layers.") :].split(".", 1)[0]
+    return index.isdigit() and int(index) >= num_hidden_layers

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Union
 
 from octavo.errors import ConfigError
 
-METHODS = ("ngram", "draft_model", "eagle")
+METHODS = ("ngram", "draft_model", "eagle", "mtp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,9 @@ class SpeculativeConfig:
     ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens (vLLM's defaults: 5 and 5; one bound
     given alone stands for both); ``draft_model`` runs ``model``, a
     smaller model of the same tokenizer; ``eagle`` runs ``model``, an EAGLE head trained for the
-    target (``octavo.spec_decode.eagle``). ``disable_by_batch_size``: no drafts are proposed in a
+    target (``octavo.spec_decode.eagle``); ``mtp`` runs the target's own multi-token-prediction
+    layer (``octavo.spec_decode.mtp``; ``model``, if given, is the target's folder).
+    ``disable_by_batch_size``: no drafts are proposed in a
     step whose batch holds at least this many requests (None: always propose). ``adaptive``
     (octavo's): schedule a request's drafts only while they are expected to raise the step's
     tokens per second, from its measured acceptance and step times
@@ -100,6 +102,15 @@ class SpeculativeConfig:
                 raise ConfigError(
                     "speculative_config.model is for method 'draft_model'; "
                     "the ngram method uses no model"
+                )
+        elif self.method == "mtp":
+            if (
+                self.model is not None
+                and not (Path(self.model).expanduser() / "config.json").is_file()
+            ):
+                raise ConfigError(
+                    f"speculative_config.model {self.model!r} is not a model folder; the mtp "
+                    "method needs none (it uses the target's own MTP layers)"
                 )
         else:
             what = _MODEL_OF[self.method]

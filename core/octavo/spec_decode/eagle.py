@@ -41,9 +41,7 @@ class EagleProposer:
 
     def __init__(self, config: SpeculativeConfig, runner: Any):
         target = runner.model_config
-        self.model_config = drafter_config(config.model, runner)
-        check_eagle_head(self.model_config, target)
-        self.model = runner.load_model(self.model_config, EagleHead)
+        self.model_config, self.model = self.load_head(config, runner)
         self.model.attach(runner.model)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.runner = runner
@@ -57,6 +55,14 @@ class EagleProposer:
         self._last_step: dict[str, tuple[int, int, int]] = {}
         self._last_hidden: Any = None
         self._written: set[str] = set()  # requests whose last verified position propose wrote
+
+    @staticmethod
+    def load_head(config: SpeculativeConfig, runner: Any) -> tuple[Any, EagleHead]:
+        """``(its ModelConfig, the head)``: the EAGLE head in ``config.model``, checked against
+        the target."""
+        model_config = drafter_config(config.model, runner)
+        check_eagle_head(model_config, runner.model_config)
+        return model_config, runner.load_model(model_config, EagleHead)
 
     def forward_step(self, step: Any, hidden_states: torch.Tensor) -> None:
         batch = self.runner.input_batch

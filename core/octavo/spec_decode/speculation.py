@@ -15,6 +15,7 @@ from octavo.platform.types import RejectionSamplerFn
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.eagle import EagleProposer
+from octavo.spec_decode.mtp import MtpProposer
 from octavo.spec_decode.ngram import NgramProposer
 from octavo.spec_decode.proposer import ProposeContext, Proposer
 from octavo.spec_decode.verifier import DraftVerifier, positions_per_row
@@ -34,6 +35,8 @@ def make_proposer(config: SpeculativeConfig, runner: Any) -> Proposer:
         return DraftModelProposer(config, runner)
     if config.method == "eagle":
         return EagleProposer(config, runner)
+    if config.method == "mtp":
+        return MtpProposer(config, runner)
     raise ConfigError(f"speculative_config.method {config.method!r} has no proposer")
 
 

@@ -206,3 +206,35 @@ def write_random_eagle_head(folder: Path, target: Path, seed: int = 0, std: floa
         tensors[name] = noise + 1.0 if name.endswith("norm.weight") else noise
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
+
+
+def add_random_mtp_layer(folder: Path, seed: int = 0, std: float = 0.1) -> Path:
+    """Give the model in ``folder`` one random MTP layer in DeepSeek-V3's format (the format:
+    ``octavo.spec_decode.mtp``; its drafts are mostly rejected: for tests of losslessness),
+    including the copies of the embedding and head such checkpoints store."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from octavo.spec_decode.eagle_head import head_tensor_shapes
+
+    config_path = Path(folder) / "config.json"
+    config = json.loads(config_path.read_text())
+    prefix = f"model.layers.{config['num_hidden_layers']}."
+    weights_path = Path(folder) / "model.safetensors"
+    tensors = load_file(str(weights_path))
+    generator = torch.Generator().manual_seed(seed)
+    renames = {"fc.weight": "eh_proj.weight", "norm.weight": "shared_head.norm.weight"}
+    shapes = head_tensor_shapes(config)
+    shapes.update({"enorm.weight": shapes["norm.weight"], "hnorm.weight": shapes["norm.weight"]})
+    for name, shape in shapes.items():
+        noise = torch.randn(shape, generator=generator) * std
+        name = renames.get(name, name.removeprefix("layers.0."))
+        tensors[prefix + name] = noise + 1.0 if name.endswith("norm.weight") else noise
+    embedding = tensors["model.embed_tokens.weight"]
+    tensors[prefix + "embed_tokens.weight"] = embedding.clone()
+    tensors[prefix + "shared_head.head.weight"] = tensors.get("lm_head.weight", embedding).clone()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(weights_path))
+    config["num_nextn_predict_layers"] = 1
+    config_path.write_text(json.dumps(config, indent=2))
+    return Path(folder)
