@@ -312,7 +312,7 @@ class EngineArgs:
             help="speculative decoding, as vLLM's JSON: "
             '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}\' or '
             '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' '
-            '(methods: ngram, draft_model, eagle, mtp)',
+            "(methods: ngram, draft_model, eagle, mtp)",
         )
         return parser
 

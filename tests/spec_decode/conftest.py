@@ -35,3 +35,12 @@ def eagle_head(tmp_path_factory, target_model) -> Path:
     from octavo.testing.tiny_models import write_random_eagle_head
 
     return write_random_eagle_head(tmp_path_factory.mktemp("spec_eagle") / "head", target_model)
+
+
+@pytest.fixture(scope="session")
+def p_eagle_head(tmp_path_factory, target_model) -> Path:
+    """A random P-EAGLE head (an EAGLE head with mask inputs) for the target."""
+    from octavo.testing.tiny_models import write_random_eagle_head
+
+    folder = tmp_path_factory.mktemp("spec_p_eagle") / "head"
+    return write_random_eagle_head(folder, target_model, seed=1, parallel_drafting=True)

@@ -74,10 +74,11 @@ def plain_samples(target_model) -> Counter:
     return samples
 
 
-@pytest.fixture(params=["ngram", "draft-model", "eagle", "mtp"])
-def spec_llm(request, target_model, draft_model, eagle_head):
+@pytest.fixture(params=["ngram", "draft-model", "eagle", "p-eagle", "mtp"])
+def spec_llm(request, target_model, draft_model, eagle_head, p_eagle_head):
     configs = {"ngram": ngram, "draft-model": lambda k: draft(draft_model, k)}
     configs["eagle"] = lambda k: eagle(eagle_head, k)
+    configs["p-eagle"] = lambda k: eagle(p_eagle_head, k, parallel_drafting=True)
     configs["mtp"] = mtp
     return make_llm(target_model, configs[request.param](2))
 

@@ -45,16 +45,20 @@ def baseline(target_model) -> list[list[int]]:
     return token_ids(generate(make_llm(target_model), PROMPTS, PARAMS))
 
 
-@pytest.fixture(scope="module", params=["ngram", "draft-model", "self-draft", "eagle", "mtp"])
-def spec(request, target_model, draft_model, eagle_head) -> tuple[str, dict]:
+@pytest.fixture(
+    scope="module", params=["ngram", "draft-model", "self-draft", "eagle", "p-eagle", "mtp"]
+)
+def spec(request, target_model, draft_model, eagle_head, p_eagle_head) -> tuple[str, dict]:
     """The proposer: n-gram, a smaller random draft (mostly rejected), the target itself as its
-    own draft (mostly accepted), a random EAGLE head, the target's random MTP layer (both
-    mostly rejected)."""
+    own draft (mostly accepted), a random EAGLE head, a random P-EAGLE head, the target's random
+    MTP layer (all three mostly rejected)."""
     name = request.param
     if name == "ngram":
         return name, ngram(4)
     if name == "eagle":
         return name, eagle(eagle_head, 3)
+    if name == "p-eagle":
+        return name, eagle(p_eagle_head, 3, parallel_drafting=True)
     if name == "mtp":
         return name, mtp(3)
     return name, draft(draft_model if name == "draft-model" else target_model, 3)
@@ -82,7 +86,7 @@ def test_speculation_gives_the_tokens_of_plain_decoding(target_model, baseline, 
     assert_pool_clean(llm)
     stats = llm.engine.core.scheduler.spec_stats
     assert stats.num_draft_tokens > 0
-    if name not in ("draft-model", "eagle", "mtp"):  # random drafters: mostly rejected
+    if name not in ("draft-model", "eagle", "p-eagle", "mtp"):  # random drafters: mostly rejected
         assert stats.num_accepted_tokens > 0.1 * stats.num_draft_tokens
     if engine in ("recompute", "swap"):
         scheduler_stats = llm.engine.core.scheduler.stats

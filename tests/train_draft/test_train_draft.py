@@ -103,3 +103,59 @@ def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
         return [(e["step"], e["loss"], e["top1_agreement"]) for e in entries]
 
     assert losses(rerun["history"]) == losses(history[:2]) and rerun["acceptance"] is None
+
+
+def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path):
+    """A pass anchored at t in the engine (real positions up to t, then masked slots, causal on
+    the paged cache) predicts what the trainer's all-anchors pass predicts for anchor t."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from octavo.train_draft.p_eagle import TrainableParallelHead
+
+    head_dir = write_random_eagle_head(tmp_path / "head", target, seed=4, parallel_drafting=True)
+    config = head_config(json.loads((target / "config.json").read_text()))
+    trained = TrainableParallelHead(LlamaConfig(**config), LlamaForCausalLM.from_pretrained(target))
+    trained.load_state_dict(load_file(str(head_dir / "model.safetensors")))
+    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3}
+    llm = LLM(str(target), speculative_config={**spec, "parallel_drafting": True})
+    engine_head = llm.engine.core.runner.speculation.proposer.model
+    anchor, depth, length = 9, 3, 14
+    ids = torch.randint(3, 500, (length,))
+    hidden = torch.randn(length, SPEC.hidden_size)
+    num = anchor + depth  # real 0..anchor, masked anchor+1 .. anchor+depth-1
+    masked = torch.arange(num) > anchor
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor([0, num], dtype=torch.int32),
+        seq_lens=torch.tensor([num], dtype=torch.int32),
+        block_table=torch.tensor([[0, 1]], dtype=torch.int32),
+        slot_mapping=torch.arange(num),
+        max_query_len=num,
+        max_seq_len=num,
+        num_actual_tokens=num,
+    )
+    with torch.no_grad():
+        served = engine_head(ids[:num], hidden[:num], torch.arange(num), metadata, masked=masked)
+        wanted = trained.eval().forward_parallel(ids[None], hidden[None], depth)[0]
+    for j in range(depth):
+        torch.testing.assert_close(served[anchor + j], wanted[j, anchor], atol=1e-4, rtol=1e-4)
+
+
+def test_a_short_p_eagle_run_writes_a_head_that_serves(target, tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    for i in range(40):
+        (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
+    out = tmp_path / "head"
+    argv = ["train-draft", str(target), "--method", "p-eagle", "--data", str(data)]
+    argv += ["--out", str(out), "--steps", "12", "--batch-size", "2", "--window", "32"]
+    assert main([*argv, "--threads", "1", "--eval-prompts", "2"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["method"] == "p-eagle"
+    assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
+    assert len(metrics["history"][0]["top1_agreement"]) == 4  # one per draft depth
+    assert metrics["acceptance"]["k"] == 4
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), framework="pt") as head:
+        assert {"mask_embedding", "mask_hidden"} <= set(head.keys())

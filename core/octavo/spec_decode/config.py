@@ -28,6 +28,8 @@ class SpeculativeConfig:
     smaller model of the same tokenizer; ``eagle`` runs ``model``, an EAGLE head trained for the
     target (``octavo.spec_decode.eagle``); ``mtp`` runs the target's own multi-token-prediction
     layer (``octavo.spec_decode.mtp``; ``model``, if given, is the target's folder).
+    ``parallel_drafting`` (eagle only, vLLM's P-EAGLE): the head drafts all K tokens in one
+    pass (``octavo.spec_decode.p_eagle``; a head trained for it).
     ``disable_by_batch_size``: no drafts are proposed in a
     step whose batch holds at least this many requests (None: always propose). ``adaptive``
     (octavo's): schedule a request's drafts only while they are expected to raise the step's
@@ -42,6 +44,7 @@ class SpeculativeConfig:
     model: Optional[str] = None
     disable_by_batch_size: Optional[int] = None
     adaptive: bool = True
+    parallel_drafting: bool = False
 
     @classmethod
     def from_dict(cls, value: Union[None, str, Mapping[str, Any], "SpeculativeConfig"]):
@@ -87,6 +90,16 @@ class SpeculativeConfig:
         if not isinstance(self.adaptive, bool):
             raise ConfigError(
                 f"speculative_config.adaptive must be true or false; got {self.adaptive!r}"
+            )
+        if not isinstance(self.parallel_drafting, bool):
+            raise ConfigError(
+                "speculative_config.parallel_drafting must be true or false; "
+                f"got {self.parallel_drafting!r}"
+            )
+        if self.parallel_drafting and self.method != "eagle":
+            raise ConfigError(
+                "speculative_config.parallel_drafting is for method 'eagle' (P-EAGLE); "
+                f"method {self.method!r} drafts otherwise"
             )
         if self.disable_by_batch_size is not None:
             _positive("disable_by_batch_size", self.disable_by_batch_size)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.step_inputs import ragged_index
 from octavo.ops import reference
 from octavo.platform.types import AttentionMetadata
 from octavo.spec_decode.verifier import target_distribution
@@ -78,18 +79,34 @@ def decode_metadata(
 ) -> AttentionMetadata:
     """Attention metadata of one token per row of ``rows`` at ``positions``, its KV written to
     the position's slot in the row's blocks."""
-    seq_lens = positions + 1
+    return chunk_metadata(batch, rows, positions, np.ones(len(rows), np.int64), block_size, device)
+
+
+def chunk_metadata(
+    batch: Any,
+    rows: np.ndarray,
+    first: np.ndarray,
+    counts: np.ndarray,
+    block_size: int,
+    device,
+) -> AttentionMetadata:
+    """Attention metadata of ``counts[i]`` consecutive tokens from position ``first[i]`` for
+    each row of ``rows``, their KV written to the positions' slots in the row's blocks."""
+    seq_lens = first + counts
     num_cols = -(-int(seq_lens.max()) // block_size)
     block_table = batch.block_table[rows, :num_cols]
-    slots = block_table[np.arange(len(rows)), positions // block_size].astype(np.int64)
+    row, offset = ragged_index(counts)
+    positions = first[row] + offset
+    slots = block_table[row, positions // block_size].astype(np.int64)
+    query_start_loc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     return AttentionMetadata(
-        query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int32, device=device),
+        query_start_loc=torch.from_numpy(query_start_loc).to(device),
         seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
         block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(device),
         slot_mapping=torch.from_numpy(slots * block_size + positions % block_size).to(device),
-        max_query_len=1,
+        max_query_len=int(counts.max()),
         max_seq_len=int(seq_lens.max()),
-        num_actual_tokens=len(rows),
+        num_actual_tokens=int(counts.sum()),
     )
 
 

@@ -138,6 +138,15 @@ class EagleProposer:
         positions = newest - 1  # each row's last verified position
         drafts = np.zeros((len(rows), self.k), dtype=np.int64)
         probs = self.distributions.new_probs(batch, rows)
+        self._draft(context, positions, hidden, num_drafts, drafts, probs)
+        self._written.update(req_ids[r] for r in rows[num_drafts > 0].tolist())
+        self.distributions.keep(batch, rows, num_drafts, probs)
+        return drafts, num_drafts
+
+    def _draft(self, context, positions, hidden, num_drafts, drafts, probs) -> None:
+        """Fill ``drafts [R, K]`` (and ``probs``) for ``context.rows``: K serial head steps,
+        each from the last one's prediction and draft."""
+        batch, rows = context.batch, context.rows
         active = np.arange(len(rows))
         for j in range(self.k):
             keep = num_drafts[active] > j
@@ -146,17 +155,20 @@ class EagleProposer:
                 break
             at = positions[active] + j
             hidden = self._head_step(batch, rows[active], at, hidden)
-            logits = self.model.compute_logits(hidden).float()
-            if context.process_logits is not None:  # a failed processing: only a worse draft
-                logits = context.process_logits(logits, rows[active], at + 2, {})
-            sampled, q = self.distributions.sample(logits, batch.sampling_metadata(rows[active]))
-            drafts[active, j] = sampled
-            batch.token_ids[rows[active], at + 2] = sampled  # the next step's token, and seen
-            if probs is not None:  # by the processors
-                probs[torch.from_numpy(active).to(self.device), j] = q
-        self._written.update(req_ids[r] for r in rows[num_drafts > 0].tolist())
-        self.distributions.keep(batch, rows, num_drafts, probs)
-        return drafts, num_drafts
+            self._sample_drafts(context, active, j, at, hidden, drafts, probs)
+
+    def _sample_drafts(self, context, active, j: int, at, hidden, drafts, probs) -> None:
+        """Draft ``j`` of the rows ``active`` (indices into ``context.rows``) at positions
+        ``at`` from the head's predicted hidden states there."""
+        batch, rows = context.batch, context.rows
+        logits = self.model.compute_logits(hidden).float()
+        if context.process_logits is not None:  # a failed processing: only a worse draft
+            logits = context.process_logits(logits, rows[active], at + 2, {})
+        sampled, q = self.distributions.sample(logits, batch.sampling_metadata(rows[active]))
+        drafts[active, j] = sampled
+        batch.token_ids[rows[active], at + 2] = sampled  # the next step's token, and seen by
+        if probs is not None:  # the processors
+            probs[torch.from_numpy(active).to(self.device), j] = q
 
     def _flat_index(self, req_id: str, position: int) -> int:
         start, first, _ = self._last_step[req_id]

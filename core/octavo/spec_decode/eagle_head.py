@@ -66,8 +66,17 @@ class EagleHead(nn.Module):
     def forward(self, input_ids, hidden_states, positions, attn_metadata) -> torch.Tensor:
         """The predicted hidden states (after the norm) for the positions after ``positions``,
         from the tokens there (``input_ids``) and the hidden states at ``positions``."""
+        embeds, hidden = self.inputs(input_ids, hidden_states)
+        return self.predict(embeds, hidden, positions, attn_metadata)
+
+    def inputs(self, input_ids, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(embeddings, hidden states)`` as ``fc`` reads them."""
         embeds = self._target.model.embed_tokens(input_ids)
-        hidden = self.fc(torch.cat([embeds, hidden_states.to(embeds.dtype)], dim=-1))
+        return embeds, hidden_states.to(embeds.dtype)
+
+    def predict(self, embeds, hidden_states, positions, attn_metadata) -> torch.Tensor:
+        """``fc`` of the pair, the decoder layer, the norm."""
+        hidden = self.fc(torch.cat([embeds, hidden_states], dim=-1))
         cos_sin = self.rotary_emb.cos_sin(positions, self.dtype)
         hidden, residual = self.layers[0](hidden, None, cos_sin, attn_metadata)
         hidden, _ = self.norm(hidden, residual)

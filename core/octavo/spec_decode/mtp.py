@@ -51,14 +51,9 @@ class MtpHead(EagleHead):
         self.hnorm = RMSNorm(hidden, eps, platform, dtype=config.dtype, device=device)
         self.prefix = f"model.layers.{config.num_hidden_layers}."
 
-    def forward(self, input_ids, hidden_states, positions, attn_metadata) -> torch.Tensor:
-        embeds = self.enorm(self._target.model.embed_tokens(input_ids))
-        hidden = self.hnorm(hidden_states.to(embeds.dtype))
-        hidden = self.fc(torch.cat([embeds, hidden], dim=-1))
-        cos_sin = self.rotary_emb.cos_sin(positions, self.dtype)
-        hidden, residual = self.layers[0](hidden, None, cos_sin, attn_metadata)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+    def inputs(self, input_ids, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, hidden = super().inputs(input_ids, hidden_states)
+        return self.enorm(embeds), self.hnorm(hidden)
 
     def _head_name(self, name: str) -> str | None:
         """This module's name for a checkpoint tensor of the first MTP layer, else None."""

@@ -17,6 +17,7 @@ from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.eagle import EagleProposer
 from octavo.spec_decode.mtp import MtpProposer
 from octavo.spec_decode.ngram import NgramProposer
+from octavo.spec_decode.p_eagle import ParallelEagleProposer
 from octavo.spec_decode.proposer import ProposeContext, Proposer
 from octavo.spec_decode.verifier import DraftVerifier, positions_per_row
 
@@ -34,6 +35,8 @@ def make_proposer(config: SpeculativeConfig, runner: Any) -> Proposer:
     if config.method == "draft_model":
         return DraftModelProposer(config, runner)
     if config.method == "eagle":
+        if config.parallel_drafting:
+            return ParallelEagleProposer(config, runner)
         return EagleProposer(config, runner)
     if config.method == "mtp":
         return MtpProposer(config, runner)

@@ -187,9 +187,12 @@ def write_tiny_model(
     return folder
 
 
-def write_random_eagle_head(folder: Path, target: Path, seed: int = 0, std: float = 0.1) -> Path:
+def write_random_eagle_head(
+    folder: Path, target: Path, seed: int = 0, std: float = 0.1, parallel_drafting: bool = False
+) -> Path:
     """An EAGLE head of random weights for the model in ``target`` (its drafts are mostly
-    rejected: for tests of losslessness, not of acceptance)."""
+    rejected: for tests of losslessness, not of acceptance); with ``parallel_drafting``, the
+    P-EAGLE mask inputs too (``octavo.spec_decode.p_eagle``)."""
     import json
 
     from safetensors.torch import save_file
@@ -201,7 +204,10 @@ def write_random_eagle_head(folder: Path, target: Path, seed: int = 0, std: floa
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, shape in head_tensor_shapes(config).items():
+    shapes = head_tensor_shapes(config)
+    if parallel_drafting:
+        shapes.update(mask_embedding=(config["hidden_size"],), mask_hidden=(config["hidden_size"],))
+    for name, shape in shapes.items():
         noise = torch.randn(shape, generator=generator) * std
         tensors[name] = noise + 1.0 if name.endswith("norm.weight") else noise
     save_file(tensors, str(folder / "model.safetensors"))

@@ -15,16 +15,27 @@ import torch
 
 from octavo.train_draft.data import TextFiles, read_texts, shuffled_batches, token_windows
 from octavo.train_draft.eagle import EagleTraining, TrainableEagleHead, loss_of
+from octavo.train_draft.p_eagle import ParallelTraining, TrainableParallelHead, parallel_loss_of
 
-METHODS = ("eagle",)  # p-eagle, gumiho: not yet
+# method -> (trainable head, its settings, its loss, the speculative_config it is served with)
+METHODS = {
+    "eagle": (TrainableEagleHead, EagleTraining, loss_of, {}),
+    "p-eagle": (
+        TrainableParallelHead,
+        ParallelTraining,
+        parallel_loss_of,
+        {"parallel_drafting": True},
+    ),
+}  # gumiho: not yet
 
 
 def add_train_draft_parser(commands) -> None:
     parser = commands.add_parser(
-        "train-draft", help="train a draft head (EAGLE) for a target model on text, on the CPU"
+        "train-draft",
+        help="train a draft head (EAGLE, P-EAGLE) for a target model on text, on the CPU",
     )
     parser.add_argument("target", help="the target model's local folder")
-    parser.add_argument("--method", choices=METHODS, default="eagle")
+    parser.add_argument("--method", choices=list(METHODS), default="eagle")
     parser.add_argument("--data", required=True, help="a text file, or a folder of them")
     parser.add_argument("--pattern", default="*.py", help="files of --data to read (glob)")
     parser.add_argument(
@@ -78,16 +89,17 @@ def _run(args: argparse.Namespace) -> int:
         tokenizer, read_texts(files.train), args.window + 1, tokenizer.eos_token_id
     )
     config = head_config(json.loads((target_dir / "config.json").read_text()))
-    head = TrainableEagleHead(LlamaConfig(**config), target)
-    method = EagleTraining()
+    head_cls, settings_cls, loss_fn, serving = METHODS[args.method]
+    head = head_cls(LlamaConfig(**config), target)
+    method = settings_cls()
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
-    history = _train(head, optimizer, windows, args, method)
+    history = _train(head, optimizer, windows, args, lambda batch: loss_fn(head, batch, method))
     out.mkdir(parents=True, exist_ok=True)
     _save(head, config, out)
     acceptance = (
         None
         if args.stop_after is not None
-        else measure_acceptance(target_dir, out, files, tokenizer, args.eval_prompts)
+        else measure_acceptance(target_dir, out, files, tokenizer, args.eval_prompts, serving)
     )
     metrics = {
         "method": args.method,
@@ -109,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(head, optimizer, windows, args, method) -> list[dict]:
+def _train(head, optimizer, windows, args, loss_of_batch) -> list[dict]:
     from tqdm import tqdm
 
     batches = shuffled_batches(windows, args.batch_size, args.seed)
@@ -122,7 +134,7 @@ def _train(head, optimizer, windows, args, method) -> list[dict]:
         scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
         for group in optimizer.param_groups:
             group["lr"] = args.lr * scale
-        loss, agreement = loss_of(head, next(batches), method)
+        loss, agreement = loss_of_batch(next(batches))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -147,9 +159,12 @@ def _save(head: TrainableEagleHead, config: dict, out: Path) -> None:
     save_file(head.head_state_dict(), str(out / "model.safetensors"))
 
 
-def measure_acceptance(target_dir, head_dir, files, tokenizer, num_prompts: int, k: int = 4):
-    """Greedy decoding of held-out prompts with the head: per-position acceptance and the mean
-    acceptance length (tokens per verify step, the bonus included)."""
+def measure_acceptance(
+    target_dir, head_dir, files, tokenizer, num_prompts: int, serving=None, k: int = 4
+):
+    """Greedy decoding of held-out prompts with the head (``serving``: more of its
+    speculative_config): per-position acceptance and the mean acceptance length (tokens per
+    verify step, the bonus included)."""
     from octavo import LLM, SamplingParams
 
     texts = read_texts(files.held_out)[:num_prompts]
@@ -157,6 +172,7 @@ def measure_acceptance(target_dir, head_dir, files, tokenizer, num_prompts: int,
         return None
     prompts = [{"prompt_token_ids": tokenizer(t)["input_ids"][:128]} for t in texts if t.strip()]
     spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": k}
+    spec.update(serving or {})
     llm = LLM(
         str(target_dir), speculative_config={**spec, "adaptive": False}, kv_cache_memory="256MiB"
     )
@@ -182,7 +198,7 @@ def _plot(history: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([h["step"] for h in history], [h["loss"] for h in history])
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (KL + 0.1 smooth-L1, summed over rollouts)")
+    ax.set_ylabel("loss (KL + 0.1 smooth-L1, weighted sum)")
     ax.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
