@@ -1,5 +1,6 @@
 """Speculative decoding on the bundled demo model, side by side in one run: output tokens per
-second without speculation, with n-gram drafts, a draft model and the shipped EAGLE head.
+second without speculation, with n-gram drafts, a draft model and the shipped EAGLE and P-EAGLE
+heads.
 
     python benchmarks/spec_decode.py                      # code-b1, random-b32; 3 rounds
     python benchmarks/spec_decode.py --rounds 1 --out /tmp/spec.json
@@ -43,6 +44,7 @@ from octavo.bench.report import spec_decode_report
 DATA = Path(__file__).resolve().parent.parent / "core" / "octavo" / "data"
 DEMO = DATA / "demo-model"
 EAGLE_HEAD = DATA / "demo-model-eagle"
+P_EAGLE_HEAD = DATA / "demo-model-p-eagle"
 # The demo model's corpus rule (scripts/demo_model/corpus.py): folders that are not library
 # source; its held-out files are the same hash split train-draft uses.
 NOT_LIBRARY = ("site-packages", "test", "tests", "idle_test", "encodings", "pydoc_data")
@@ -132,8 +134,8 @@ def layer_skip_draft(folder: Path, num_layers: int = 1) -> Path:
 
 
 def configs(draft: Path, k: int) -> dict[str, dict | None]:
-    """No speculation, n-gram, the draft model and the EAGLE head with the adaptive policy (the
-    default), and each with every draft scheduled (``adaptive: false``) to show what the
+    """No speculation, n-gram, the draft model and the EAGLE and P-EAGLE heads with the adaptive
+    policy (the default), and each with every draft scheduled (``adaptive: false``) to show what the
     policy does."""
     ngram = {
         "method": "ngram",
@@ -143,6 +145,8 @@ def configs(draft: Path, k: int) -> dict[str, dict | None]:
     }
     draft_model = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
     eagle = {"method": "eagle", "model": str(EAGLE_HEAD), "num_speculative_tokens": k}
+    p_eagle = {"method": "eagle", "model": str(P_EAGLE_HEAD), "num_speculative_tokens": k}
+    p_eagle["parallel_drafting"] = True
     return {
         "none": None,
         "ngram": ngram,
@@ -151,6 +155,8 @@ def configs(draft: Path, k: int) -> dict[str, dict | None]:
         "draft-every": {**draft_model, "adaptive": False},
         "eagle": eagle,
         "eagle-every": {**eagle, "adaptive": False},
+        "p-eagle": p_eagle,
+        "p-eagle-every": {**p_eagle, "adaptive": False},
     }
 
 
