@@ -111,9 +111,8 @@ def _attention_kernel(
         jnp.zeros((num_heads, 1), jnp.float32),
         jnp.zeros((num_heads, head_dim), jnp.float32),
     )
-    first_block = jax.lax.div(start, block_size)
-    last_block = jax.lax.div(context + block_size - 1, block_size)
-    _, total, acc = jax.lax.fori_loop(first_block, last_block, one_block, init)
+    blocks = (jax.lax.div(start, block_size), jax.lax.div(context + block_size - 1, block_size))
+    _, total, acc = jax.lax.fori_loop(*blocks, one_block, init)
     seen = total > 0
     out = acc / jnp.where(seen, total, 1.0)
     o_ref[...] = jnp.where(seen, out, 0.0).astype(o_ref.dtype)
