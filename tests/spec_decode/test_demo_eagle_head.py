@@ -1,5 +1,6 @@
-"""The EAGLE head shipped for the demo model loads with it, keeps its greedy output, and drafts
-well on code (its README says 3.22 tokens per verify step at K = 4 on held-out files)."""
+"""The EAGLE and P-EAGLE heads shipped for the demo model load with it, keep its greedy output,
+and draft well on code (their READMEs give the tokens per verify step at K = 4 on held-out
+files)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ PROMPTS = [
 ]
 
 
-def test_the_shipped_head_drafts_what_the_demo_model_writes():
-    if not (DATA / "demo-model-eagle" / "model.safetensors").is_file():
-        pytest.skip("the demo model's EAGLE head is not present")
+@pytest.mark.parametrize(
+    "folder,extra",
+    [("demo-model-eagle", {}), ("demo-model-p-eagle", {"parallel_drafting": True})],
+    ids=("eagle", "p-eagle"),
+)
+def test_the_shipped_head_drafts_what_the_demo_model_writes(folder, extra):
+    if not (DATA / folder / "model.safetensors").is_file():
+        pytest.skip(f"the demo model's {folder} head is not present")
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     plain = LLM(str(DATA / "demo-model"), kv_cache_memory="32MiB")
-    head = {"method": "eagle", "model": str(DATA / "demo-model-eagle")}
+    head = {"method": "eagle", "model": str(DATA / folder), **extra}
     spec = LLM(
         str(DATA / "demo-model"),
         kv_cache_memory="32MiB",
