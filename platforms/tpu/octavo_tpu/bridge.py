@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from octavo.model_executor.step_inputs import ragged_index
 from octavo.platform.types import AttentionBackend, AttentionMetadata, SamplingMetadata
 from octavo_tpu.kernels import attention, rms_norm, sampler
 
@@ -35,8 +36,7 @@ def context_per_token(metadata: AttentionMetadata, num_tokens: int):
     query_start_loc = metadata.query_start_loc.cpu().numpy().astype(np.int64)
     seq_lens = metadata.seq_lens.cpu().numpy().astype(np.int64)
     num_scheduled = np.diff(query_start_loc)
-    rows = np.repeat(np.arange(len(seq_lens)), num_scheduled)
-    offsets = np.arange(len(rows)) - np.repeat(query_start_loc[:-1], num_scheduled)
+    rows, offsets = ragged_index(num_scheduled)
     context = seq_lens[rows] - num_scheduled[rows] + offsets + 1
     token_rows = np.zeros(num_tokens, np.int32)
     context_lens = np.zeros(num_tokens, np.int32)
