@@ -44,8 +44,7 @@ def run_headless(args: EngineArgs) -> int:
             list(parallel.local_ranks),
             parallel.init_method,
         )
-        while any(p.is_alive() for p in processes):
-            wait([p.sentinel for p in processes if p.is_alive()])
+        _wait_until_exited(processes)
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_workers(processes, pipes)
@@ -54,3 +53,15 @@ def run_headless(args: EngineArgs) -> int:
         logger.error("node %d: worker exit codes %s", parallel.node_rank, codes)
         return 1
     return 0
+
+
+def _wait_until_exited(processes: list) -> None:
+    """Return once every process has exited. It waits on the sentinels alone: a process closes
+    its sentinel a moment before ``is_alive()`` can tell it exited, so asking ``is_alive()``
+    between waits can leave nothing to wait on, and ``wait([])`` never returns."""
+    pending = [p.sentinel for p in processes]
+    while pending:
+        ready = wait(pending)
+        pending = [sentinel for sentinel in pending if sentinel not in ready]
+    for process in processes:
+        process.join()
