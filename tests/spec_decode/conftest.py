@@ -44,3 +44,12 @@ def p_eagle_head(tmp_path_factory, target_model) -> Path:
 
     folder = tmp_path_factory.mktemp("spec_p_eagle") / "head"
     return write_random_eagle_head(folder, target_model, seed=1, parallel_drafting=True)
+
+
+@pytest.fixture(scope="session")
+def gumiho_head(tmp_path_factory, target_model) -> Path:
+    """A random Gumiho head (2 serial drafts, 3 MLP heads) for the target."""
+    from octavo.testing.tiny_models import write_random_gumiho_head
+
+    folder = tmp_path_factory.mktemp("spec_gumiho") / "head"
+    return write_random_gumiho_head(folder, target_model, num_parallel_heads=3, seed=2)

@@ -112,6 +112,10 @@ def eagle(path: Path, k: int = 3, **extra) -> dict:
     }
 
 
+def gumiho(path: Path, k: int = 4) -> dict:
+    return {**eagle(path, k), "method": "gumiho"}
+
+
 def mtp(k: int = 3, **extra) -> dict:
     return {"method": "mtp", "num_speculative_tokens": k, "adaptive": False, **extra}
 

@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
-from spec_helpers import draft, eagle, generate, make_llm, mtp, ngram
+from spec_helpers import draft, eagle, generate, gumiho, make_llm, mtp, ngram
 
 from octavo import SamplingParams
 from octavo.ops import reference
@@ -74,11 +74,12 @@ def plain_samples(target_model) -> Counter:
     return samples
 
 
-@pytest.fixture(params=["ngram", "draft-model", "eagle", "p-eagle", "mtp"])
-def spec_llm(request, target_model, draft_model, eagle_head, p_eagle_head):
+@pytest.fixture(params=["ngram", "draft-model", "eagle", "p-eagle", "gumiho", "mtp"])
+def spec_llm(request, target_model, draft_model, eagle_head, p_eagle_head, gumiho_head):
     configs = {"ngram": ngram, "draft-model": lambda k: draft(draft_model, k)}
     configs["eagle"] = lambda k: eagle(eagle_head, k)
     configs["p-eagle"] = lambda k: eagle(p_eagle_head, k, parallel_drafting=True)
+    configs["gumiho"] = lambda k: gumiho(gumiho_head, k + 1)  # two serial, one parallel
     configs["mtp"] = mtp
     return make_llm(target_model, configs[request.param](2))
 

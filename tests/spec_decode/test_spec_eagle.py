@@ -97,7 +97,9 @@ def test_a_head_for_another_target_is_refused(tmp_path, one_layer_target, target
     head = write_random_eagle_head(tmp_path / "head", other)
     with pytest.raises(ConfigError, match="speculative_config.model was made for a target with"):
         make_llm(one_layer_target, eagle(head))
-    with pytest.raises(ConfigError, match="speculative_config.model is not an EAGLE head"):
+    with pytest.raises(
+        ConfigError, match="speculative_config.model is not a head of architecture 'EagleHead'"
+    ):
         make_llm(one_layer_target, eagle(target_model))
     shutil.rmtree(head)
     (tmp_path / "head").mkdir()

@@ -141,21 +141,58 @@ def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path):
         torch.testing.assert_close(served[anchor + j], wanted[j, anchor], atol=1e-4, rtol=1e-4)
 
 
-def test_a_short_p_eagle_run_writes_a_head_that_serves(target, tmp_path):
+def _short_run(target, tmp_path, method: str):
+    """``(head folder, metrics)`` of a 12-step ``--method`` run on a tiny corpus."""
     data = tmp_path / "text"
     data.mkdir()
     for i in range(40):
         (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
     out = tmp_path / "head"
-    argv = ["train-draft", str(target), "--method", "p-eagle", "--data", str(data)]
+    argv = ["train-draft", str(target), "--method", method, "--data", str(data)]
     argv += ["--out", str(out), "--steps", "12", "--batch-size", "2", "--window", "32"]
     assert main([*argv, "--threads", "1", "--eval-prompts", "2"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["method"] == "p-eagle"
+    assert metrics["method"] == method
     assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
-    assert len(metrics["history"][0]["top1_agreement"]) == 4  # one per draft depth
     assert metrics["acceptance"]["k"] == 4
+    return out, metrics
+
+
+def test_a_short_p_eagle_run_writes_a_head_that_serves(target, tmp_path):
+    out, metrics = _short_run(target, tmp_path, "p-eagle")
+    assert len(metrics["history"][0]["top1_agreement"]) == 4  # one per draft depth
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), framework="pt") as head:
         assert {"mask_embedding", "mask_hidden"} <= set(head.keys())
+
+
+def test_the_engine_runs_the_gumiho_mlp_heads_that_were_trained(target, tmp_path):
+    """The same checkpoint in the trainer's MLP heads and the engine's: the same predictions
+    from the same last drafts and hidden states."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from octavo.testing.tiny_models import write_random_gumiho_head
+    from octavo.train_draft.gumiho import TrainableGumihoHead
+
+    head_dir = write_random_gumiho_head(tmp_path / "head", target, num_parallel_heads=3, seed=5)
+    config = json.loads((head_dir / "config.json").read_text())
+    trained = TrainableGumihoHead(LlamaConfig(**config), LlamaForCausalLM.from_pretrained(target))
+    trained.load_state_dict(load_file(str(head_dir / "model.safetensors")))
+    spec = {"method": "gumiho", "model": str(head_dir), "num_speculative_tokens": 5}
+    llm = LLM(str(target), speculative_config=spec, kv_cache_memory="8MiB")
+    engine_head = llm.engine.core.runner.speculation.proposer.model
+    ids, hidden = torch.randint(3, 500, (6,)), torch.randn(6, SPEC.hidden_size)
+    with torch.no_grad():
+        served = engine_head.draft_in_parallel(ids, hidden, 3)
+        wanted = trained.eval().draft_in_parallel(ids[None], hidden[None])
+    for i in range(3):
+        torch.testing.assert_close(served[i], wanted[i][0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_short_gumiho_run_writes_a_head_that_serves(target, tmp_path):
+    out, metrics = _short_run(target, tmp_path, "gumiho")
+    assert len(metrics["history"][0]["top1_agreement"]) == 6  # 2 serial drafts, 4 parallel
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["GumihoHead"] and config["num_parallel_heads"] == 4

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Union
 
 from octavo.errors import ConfigError
 
-METHODS = ("ngram", "draft_model", "eagle", "mtp")
+METHODS = ("ngram", "draft_model", "eagle", "gumiho", "mtp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,10 @@ class SpeculativeConfig:
     ``prompt_lookup_min`` .. ``prompt_lookup_max`` tokens (vLLM's defaults: 5 and 5; one bound
     given alone stands for both); ``draft_model`` runs ``model``, a
     smaller model of the same tokenizer; ``eagle`` runs ``model``, an EAGLE head trained for the
-    target (``octavo.spec_decode.eagle``); ``mtp`` runs the target's own multi-token-prediction
-    layer (``octavo.spec_decode.mtp``; ``model``, if given, is the target's folder).
+    target (``octavo.spec_decode.eagle``); ``gumiho`` runs ``model``, a Gumiho head (the first
+    two drafts serially, the rest from parallel MLP heads: ``octavo.spec_decode.gumiho``);
+    ``mtp`` runs the target's own multi-token-prediction layer (``octavo.spec_decode.mtp``;
+    ``model``, if given, is the target's folder).
     ``parallel_drafting`` (eagle only, vLLM's P-EAGLE): the head drafts all K tokens in one
     pass (``octavo.spec_decode.p_eagle``; a head trained for it).
     ``disable_by_batch_size``: no drafts are proposed in a
@@ -143,6 +145,7 @@ class SpeculativeConfig:
 _MODEL_OF = {
     "draft_model": "a smaller model with the target's tokenizer",
     "eagle": "an EAGLE head made for the target (its format: octavo.spec_decode.eagle_head)",
+    "gumiho": "a Gumiho head made for the target (its format: octavo.spec_decode.gumiho)",
 }
 
 

@@ -144,24 +144,31 @@ class EagleProposer:
         return drafts, num_drafts
 
     def _draft(self, context, positions, hidden, num_drafts, drafts, probs) -> None:
-        """Fill ``drafts [R, K]`` (and ``probs``) for ``context.rows``: K serial head steps,
-        each from the last one's prediction and draft."""
+        """Fill ``drafts [R, K]`` (and ``probs``) for ``context.rows``: K serial head steps."""
+        self._draft_serially(context, positions, hidden, num_drafts, drafts, probs, self.k)
+
+    def _draft_serially(self, context, positions, hidden, num_drafts, drafts, probs, steps):
+        """Drafts ``0 .. steps - 1``, each head step from the last one's prediction and draft;
+        returns the rows (indices into ``context.rows``) that drafted them all and the head's
+        last predicted hidden states for them."""
         batch, rows = context.batch, context.rows
         active = np.arange(len(rows))
-        for j in range(self.k):
+        for j in range(steps):
             keep = num_drafts[active] > j
             active, hidden = active[keep], hidden[torch.from_numpy(keep).to(self.device)]
             if len(active) == 0:
                 break
             at = positions[active] + j
             hidden = self._head_step(batch, rows[active], at, hidden)
-            self._sample_drafts(context, active, j, at, hidden, drafts, probs)
+            logits = self.model.compute_logits(hidden)
+            self._sample_logits(context, active, j, at, logits, drafts, probs)
+        return active, hidden
 
-    def _sample_drafts(self, context, active, j: int, at, hidden, drafts, probs) -> None:
+    def _sample_logits(self, context, active, j: int, at, logits, drafts, probs) -> None:
         """Draft ``j`` of the rows ``active`` (indices into ``context.rows``) at positions
-        ``at`` from the head's predicted hidden states there."""
+        ``at`` from the head's logits there."""
         batch, rows = context.batch, context.rows
-        logits = self.model.compute_logits(hidden).float()
+        logits = logits.float()
         if context.process_logits is not None:  # a failed processing: only a worse draft
             logits = context.process_logits(logits, rows[active], at + 2, {})
         sampled, q = self.distributions.sample(logits, batch.sampling_metadata(rows[active]))

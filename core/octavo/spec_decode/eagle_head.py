@@ -95,15 +95,18 @@ class EagleHead(nn.Module):
         return expected_checkpoint_names(self, self.STACKED_PARAMS)
 
 
-def check_eagle_head(head, target) -> None:
-    """A head must be an EagleHead of one layer made for a target of this hidden size and
-    vocabulary (``ModelConfig`` of each); else a ConfigError naming what differs."""
+def check_eagle_head(
+    head, target, architecture: str = ARCHITECTURE, fmt: str = "octavo.spec_decode.eagle_head"
+) -> None:
+    """A head must name ``architecture`` (EagleHead; a Gumiho head is one with more, format
+    ``fmt``), have one layer and be made for a target of this hidden size and vocabulary
+    (``ModelConfig`` of each); else a ConfigError naming what differs."""
     where = "speculative_config.model"
-    if head.architecture != ARCHITECTURE or head.num_hidden_layers != 1:
+    if head.architecture != architecture or head.num_hidden_layers != 1:
         raise ConfigError(
-            f"{where} is not an EAGLE head: its config.json names {head.architecture!r} with "
-            f"{head.num_hidden_layers} layer(s); a head is {ARCHITECTURE!r} with 1 layer "
-            "(the format: octavo.spec_decode.eagle_head)"
+            f"{where} is not a head of architecture {architecture!r}: its config.json names "
+            f"{head.architecture!r} with {head.num_hidden_layers} layer(s); a head is "
+            f"{architecture!r} with 1 layer (the format: {fmt})"
         )
     for field in ("hidden_size", "vocab_size"):
         if getattr(head, field) != getattr(target, field):

@@ -88,11 +88,12 @@ class ParallelEagleProposer(EagleProposer):
             attn,
             masked=torch.from_numpy(~known).to(self.device),
         )
+        logits = self.model.compute_logits(predicted)  # one LM-head matmul for every draft
         for j in range(int(counts.max())):  # drafts in order: each one's processors see the
             here = offset == j  # drafts before it, as serially
             index = torch.from_numpy(np.flatnonzero(here)).to(self.device)
-            self._sample_drafts(
-                context, active[counts > j], j, at[here], predicted[index], drafts, probs
+            self._sample_logits(
+                context, active[counts > j], j, at[here], logits[index], drafts, probs
             )
 
 

@@ -15,6 +15,7 @@ from octavo.platform.types import RejectionSamplerFn
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.eagle import EagleProposer
+from octavo.spec_decode.gumiho import GumihoProposer
 from octavo.spec_decode.mtp import MtpProposer
 from octavo.spec_decode.ngram import NgramProposer
 from octavo.spec_decode.p_eagle import ParallelEagleProposer
@@ -38,6 +39,8 @@ def make_proposer(config: SpeculativeConfig, runner: Any) -> Proposer:
         if config.parallel_drafting:
             return ParallelEagleProposer(config, runner)
         return EagleProposer(config, runner)
+    if config.method == "gumiho":
+        return GumihoProposer(config, runner)
     if config.method == "mtp":
         return MtpProposer(config, runner)
     raise ConfigError(f"speculative_config.method {config.method!r} has no proposer")

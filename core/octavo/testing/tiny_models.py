@@ -195,18 +195,40 @@ def write_random_eagle_head(
     P-EAGLE mask inputs too (``octavo.spec_decode.p_eagle``)."""
     import json
 
-    from safetensors.torch import save_file
-
     from octavo.spec_decode.eagle_head import head_config, head_tensor_shapes
 
-    folder.mkdir(parents=True, exist_ok=True)
     config = head_config(json.loads((target / "config.json").read_text()))
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
     shapes = head_tensor_shapes(config)
     if parallel_drafting:
         shapes.update(mask_embedding=(config["hidden_size"],), mask_hidden=(config["hidden_size"],))
+    return _write_random_head(folder, config, shapes, seed, std)
+
+
+def write_random_gumiho_head(
+    folder: Path, target: Path, num_parallel_heads: int = 3, seed: int = 0, std: float = 0.1
+) -> Path:
+    """A Gumiho head of random weights for the model in ``target`` (``octavo.spec_decode.gumiho``:
+    2 serial drafts, ``num_parallel_heads`` MLP heads), for tests of losslessness."""
+    import json
+
+    from octavo.spec_decode.eagle_head import head_tensor_shapes
+    from octavo.spec_decode.gumiho import gumiho_head_config, parallel_head_tensor_shapes
+
+    target_config = json.loads((target / "config.json").read_text())
+    config = gumiho_head_config(target_config, num_parallel_heads, target_config["hidden_size"])
+    shapes = {**head_tensor_shapes(config), **parallel_head_tensor_shapes(config)}
+    return _write_random_head(folder, config, shapes, seed, std)
+
+
+def _write_random_head(folder: Path, config: dict, shapes: dict, seed: int, std: float) -> Path:
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
     for name, shape in shapes.items():
         noise = torch.randn(shape, generator=generator) * std
         tensors[name] = noise + 1.0 if name.endswith("norm.weight") else noise

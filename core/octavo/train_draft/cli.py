@@ -15,6 +15,7 @@ import torch
 
 from octavo.train_draft.data import TextFiles, read_texts, shuffled_batches, token_windows
 from octavo.train_draft.eagle import EagleTraining, TrainableEagleHead, loss_of
+from octavo.train_draft.gumiho import GumihoTraining, TrainableGumihoHead, gumiho_loss_of
 from octavo.train_draft.p_eagle import ParallelTraining, TrainableParallelHead, parallel_loss_of
 
 # method -> (trainable head, its settings, its loss, the speculative_config it is served with)
@@ -26,13 +27,14 @@ METHODS = {
         parallel_loss_of,
         {"parallel_drafting": True},
     ),
-}  # gumiho: not yet
+    "gumiho": (TrainableGumihoHead, GumihoTraining, gumiho_loss_of, {"method": "gumiho"}),
+}
 
 
 def add_train_draft_parser(commands) -> None:
     parser = commands.add_parser(
         "train-draft",
-        help="train a draft head (EAGLE, P-EAGLE) for a target model on text, on the CPU",
+        help="train a draft head (EAGLE, P-EAGLE, Gumiho) for a target model on text, on the CPU",
     )
     parser.add_argument("target", help="the target model's local folder")
     parser.add_argument("--method", choices=list(METHODS), default="eagle")
@@ -76,8 +78,6 @@ def run_train_draft(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from octavo.spec_decode.eagle_head import head_config
-
     torch.manual_seed(args.seed)
     target_dir, out = Path(args.target), Path(args.out)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
@@ -88,10 +88,12 @@ def _run(args: argparse.Namespace) -> int:
     windows = token_windows(
         tokenizer, read_texts(files.train), args.window + 1, tokenizer.eos_token_id
     )
-    config = head_config(json.loads((target_dir / "config.json").read_text()))
     head_cls, settings_cls, loss_fn, serving = METHODS[args.method]
-    head = head_cls(LlamaConfig(**config), target)
     method = settings_cls()
+    config = head_cls.checkpoint_config(
+        json.loads((target_dir / "config.json").read_text()), method
+    )
+    head = head_cls(LlamaConfig(**config), target)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
     history = _train(head, optimizer, windows, args, lambda batch: loss_fn(head, batch, method))
     out.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,13 @@ class TrainableEagleHead(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(head_config)
         self._target = (target,)  # not a submodule: frozen, not saved
 
+    @staticmethod
+    def checkpoint_config(target_config: dict, method) -> dict:
+        """The head's ``config.json`` for a target of HF config ``target_config``."""
+        from octavo.spec_decode.eagle_head import head_config
+
+        return head_config(target_config)
+
     @property
     def target(self) -> nn.Module:
         return self._target[0]
@@ -76,6 +83,13 @@ def target_features(target: nn.Module, windows: torch.Tensor) -> torch.Tensor:
 def loss_of(head: TrainableEagleHead, windows: torch.Tensor, method: EagleTraining):
     """``(loss, per-rollout top-1 agreement)`` on a batch of windows."""
     hidden = target_features(head.target, windows)
+    total, agreement, _ = rollout_loss(head, windows, hidden, method)
+    return total, agreement
+
+
+def rollout_loss(head: TrainableEagleHead, windows, hidden, method: EagleTraining):
+    """``(loss, per-rollout top-1 agreement, the last rollout's predictions [B, T - 1, H])``
+    of the serial rollouts over ``windows [B, T]`` with the target's ``hidden`` states there."""
     inputs, next_ids, wanted = hidden[:, :-1], windows[:, 1:], hidden[:, 1:]
     with torch.no_grad():
         wanted_logprobs = F.log_softmax(head.target.lm_head(wanted).float(), dim=-1)
@@ -92,4 +106,4 @@ def loss_of(head: TrainableEagleHead, windows: torch.Tensor, method: EagleTraini
         agreement.append((logprobs.argmax(-1) == wanted_tokens).float().mean().item())
         # the next rollout reads this one's prediction for each position (shifted by one)
         features = torch.cat([inputs[:, :1], predicted[:, :-1]], dim=1)
-    return total, agreement
+    return total, agreement, predicted

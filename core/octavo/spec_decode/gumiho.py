@@ -1,0 +1,180 @@
+"""Gumiho (arXiv 2503.10135): the first drafts by a serial head, the rest at once by parallel
+MLP heads.
+
+``{"method": "gumiho", "model": HEAD, "num_speculative_tokens": K}``. The early drafts decide
+how many of the later ones can count, so they get the stronger model: the head folder holds an
+EAGLE head (``octavo.spec_decode.eagle_head``: ``fc``, one decoder layer, ``norm``) that drafts
+the first ``num_serial_drafts`` tokens (2) serially, as EAGLE does, its KV on the target's block
+ids, and ``num_parallel_heads`` MLP heads that draft the rest in one batched pass. MLP head i
+reads ``[embedding of the last serial draft, the serial head's last predicted hidden state]``
+(``fc`` from 2 x hidden to hidden, a SwiGLU MLP of ``parallel_intermediate_size`` with a
+residual, ``norm``) and predicts the hidden state i + 1 positions after that draft, which the
+target's LM head scores. The MLP heads keep no KV; K is at most ``num_serial_drafts +
+num_parallel_heads``.
+
+``config.json``: the EAGLE head's (the target's layer shape, one layer) with ``"architectures":
+["GumihoHead"]``, ``num_serial_drafts``, ``num_parallel_heads``, ``parallel_intermediate_size``;
+``model.safetensors``: the EAGLE head's tensors and ``parallel_heads.{i}.fc.weight``,
+``.mlp_norm.weight``, ``.mlp.{gate,up,down}_proj.weight``, ``.norm.weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from octavo.errors import ConfigError
+from octavo.models.layers.linear import TPGroup
+from octavo.models.layers.norm import RMSNorm
+from octavo.models.llama import LlamaMLP
+from octavo.spec_decode.config import SpeculativeConfig
+from octavo.spec_decode.drafting import drafter_config
+from octavo.spec_decode.eagle import EagleProposer
+from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head, head_config
+
+ARCHITECTURE = "GumihoHead"
+NUM_SERIAL_DRAFTS = 2
+
+
+class ParallelDraftHead(nn.Module):
+    """One MLP head: ``[embedding, hidden state]`` -> the hidden state some positions on."""
+
+    def __init__(self, config, platform, *, intermediate_size: int, device):
+        super().__init__()
+        hidden, eps, dtype = config.hidden_size, config.rms_norm_eps, config.dtype
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False, dtype=dtype, device=device)
+        self.mlp_norm = RMSNorm(hidden, eps, platform, dtype=dtype, device=device)
+        mlp_config = dataclasses.replace(config, intermediate_size=intermediate_size)
+        self.mlp = LlamaMLP(mlp_config, platform, device=device, tp=TPGroup())
+        self.norm = RMSNorm(hidden, eps, platform, dtype=dtype, device=device)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        hidden = self.fc(inputs)
+        out, _ = self.norm(self.mlp(self.mlp_norm(hidden)), hidden)
+        return out
+
+
+class GumihoHead(EagleHead):
+    """The serial EAGLE head and the parallel MLP heads."""
+
+    def __init__(self, config, platform, *, block_size: int, device, **kwargs):
+        super().__init__(config, platform, block_size=block_size, device=device, **kwargs)
+        fields = config.hf_config
+        self.num_serial_drafts = int(fields["num_serial_drafts"])
+        self.parallel_heads = nn.ModuleList(
+            ParallelDraftHead(
+                config,
+                platform,
+                intermediate_size=int(fields["parallel_intermediate_size"]),
+                device=device,
+            )
+            for _ in range(int(fields["num_parallel_heads"]))
+        )
+
+    def draft_in_parallel(self, last_drafts, hidden_states, count: int) -> torch.Tensor:
+        """``[count, R, H]``: the first ``count`` MLP heads' predictions from the last serial
+        drafts ``last_drafts [R]`` and the serial head's hidden states after them."""
+        embeds, hidden = self.inputs(last_drafts, hidden_states)
+        inputs = torch.cat([embeds, hidden], dim=-1)
+        return torch.stack([head(inputs) for head in self.parallel_heads[:count]])
+
+
+class GumihoProposer(EagleProposer):
+    """``speculative_config.method == "gumiho"``."""
+
+    @staticmethod
+    def load_head(config: SpeculativeConfig, runner: Any) -> tuple[Any, GumihoHead]:
+        model_config = drafter_config(config.model, runner)
+        check_gumiho_head(model_config, runner.model_config, config.num_speculative_tokens)
+        return model_config, runner.load_model(model_config, GumihoHead)
+
+    def _draft(self, context, positions, hidden, num_drafts, drafts, probs) -> None:
+        """The serial head's drafts, then the rest from the MLP heads in one pass (sampled in
+        order, so each one's logits processors see the drafts before it)."""
+        serial = min(self.k, self.model.num_serial_drafts)
+        active, hidden = self._draft_serially(
+            context, positions, hidden, num_drafts, drafts, probs, serial
+        )
+        more = num_drafts[active] - serial
+        keep = more > 0
+        if not keep.any():
+            return
+        active, more = active[keep], more[keep]
+        hidden = hidden[torch.from_numpy(keep).to(self.device)]
+        last = torch.from_numpy(drafts[active, serial - 1]).to(self.device)
+        count = int(more.max())
+        predicted = self.model.draft_in_parallel(last, hidden, count)
+        logits = self.model.compute_logits(predicted.flatten(0, 1)).view(count, len(active), -1)
+        for j in range(count):
+            here = more > j
+            index = torch.from_numpy(np.flatnonzero(here)).to(self.device)
+            at = positions[active[here]] + serial + j
+            self._sample_logits(
+                context,
+                active[here],
+                serial + j,
+                at,
+                logits[j].index_select(0, index),
+                drafts,
+                probs,
+            )
+
+
+def check_gumiho_head(head, target, num_speculative_tokens: int) -> None:
+    """A Gumiho head must be one for this target, drafting at least K tokens."""
+    check_eagle_head(head, target, ARCHITECTURE, "octavo.spec_decode.gumiho")
+    fields = head.hf_config
+    missing = [
+        name
+        for name in ("num_serial_drafts", "num_parallel_heads", "parallel_intermediate_size")
+        if name not in fields
+    ]
+    if missing:
+        raise ConfigError(
+            f"speculative_config.model is not a Gumiho head: its config.json lacks "
+            f"{', '.join(missing)} (the format: octavo.spec_decode.gumiho)"
+        )
+    most = int(fields["num_serial_drafts"]) + int(fields["num_parallel_heads"])
+    if num_speculative_tokens > most:
+        raise ConfigError(
+            f"speculative_config.num_speculative_tokens is {num_speculative_tokens}, but this "
+            f"Gumiho head drafts at most {most} tokens ({fields['num_serial_drafts']} serial, "
+            f"{fields['num_parallel_heads']} parallel); ask for {most} or fewer"
+        )
+
+
+def gumiho_head_config(
+    target_config: dict[str, Any], num_parallel_heads: int, parallel_intermediate_size: int
+) -> dict[str, Any]:
+    """The ``config.json`` of a Gumiho head for a target of HF config ``target_config``."""
+    config = head_config(target_config)
+    config.update(
+        architectures=[ARCHITECTURE],
+        num_serial_drafts=NUM_SERIAL_DRAFTS,
+        num_parallel_heads=num_parallel_heads,
+        parallel_intermediate_size=parallel_intermediate_size,
+    )
+    return config
+
+
+def parallel_head_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape of the MLP heads' tensors of a head of ``config``."""
+    hidden, inner = config["hidden_size"], config["parallel_intermediate_size"]
+    shapes = {}
+    for i in range(config["num_parallel_heads"]):
+        prefix = f"parallel_heads.{i}."
+        shapes.update(
+            {
+                f"{prefix}fc.weight": (hidden, 2 * hidden),
+                f"{prefix}mlp_norm.weight": (hidden,),
+                f"{prefix}mlp.gate_proj.weight": (inner, hidden),
+                f"{prefix}mlp.up_proj.weight": (inner, hidden),
+                f"{prefix}mlp.down_proj.weight": (hidden, inner),
+                f"{prefix}norm.weight": (hidden,),
+            }
+        )
+    return shapes
