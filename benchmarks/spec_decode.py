@@ -1,6 +1,6 @@
 """Speculative decoding on the bundled demo model, side by side in one run: output tokens per
-second without speculation, with n-gram drafts, a draft model and the shipped EAGLE and P-EAGLE
-heads.
+second without speculation, with n-gram drafts, a draft model and the shipped EAGLE, P-EAGLE
+and Gumiho heads.
 
     python benchmarks/spec_decode.py                      # code-b1, random-b32; 3 rounds
     python benchmarks/spec_decode.py --rounds 1 --out /tmp/spec.json
@@ -45,6 +45,7 @@ DATA = Path(__file__).resolve().parent.parent / "core" / "octavo" / "data"
 DEMO = DATA / "demo-model"
 EAGLE_HEAD = DATA / "demo-model-eagle"
 P_EAGLE_HEAD = DATA / "demo-model-p-eagle"
+GUMIHO_HEAD = DATA / "demo-model-gumiho"
 # The demo model's corpus rule (scripts/demo_model/corpus.py): folders that are not library
 # source; its held-out files are the same hash split train-draft uses.
 NOT_LIBRARY = ("site-packages", "test", "tests", "idle_test", "encodings", "pydoc_data")
@@ -134,9 +135,9 @@ def layer_skip_draft(folder: Path, num_layers: int = 1) -> Path:
 
 
 def configs(draft: Path, k: int) -> dict[str, dict | None]:
-    """No speculation, n-gram, the draft model and the EAGLE and P-EAGLE heads with the adaptive
-    policy (the default), and each with every draft scheduled (``adaptive: false``) to show what the
-    policy does."""
+    """No speculation, n-gram, the draft model and the EAGLE, P-EAGLE and Gumiho heads with the
+    adaptive policy (the default), and each with every draft scheduled (``adaptive: false``) to
+    show what the policy does."""
     ngram = {
         "method": "ngram",
         "num_speculative_tokens": k,
@@ -147,6 +148,7 @@ def configs(draft: Path, k: int) -> dict[str, dict | None]:
     eagle = {"method": "eagle", "model": str(EAGLE_HEAD), "num_speculative_tokens": k}
     p_eagle = {"method": "eagle", "model": str(P_EAGLE_HEAD), "num_speculative_tokens": k}
     p_eagle["parallel_drafting"] = True
+    gumiho = {"method": "gumiho", "model": str(GUMIHO_HEAD), "num_speculative_tokens": k}
     return {
         "none": None,
         "ngram": ngram,
@@ -157,6 +159,8 @@ def configs(draft: Path, k: int) -> dict[str, dict | None]:
         "eagle-every": {**eagle, "adaptive": False},
         "p-eagle": p_eagle,
         "p-eagle-every": {**p_eagle, "adaptive": False},
+        "gumiho": gumiho,
+        "gumiho-every": {**gumiho, "adaptive": False},
     }
 
 

@@ -16,31 +16,38 @@ def test_two_serial_steps_then_one_parallel_pass_draft_k_tokens(target_model, gu
     proposer = llm.engine.core.runner.speculation.proposer
     assert isinstance(proposer.model, GumihoHead)
     calls = []  # per propose: the head passes it ran
-    for name in ("_head_step", "model.draft_in_parallel"):
-        owner = proposer.model if name.startswith("model.") else proposer
-        attr = name.split(".")[-1]
-        original = getattr(owner, attr)
-        setattr(owner, attr, _recording(original, attr, calls))
+    passes, parallel = proposer._chunk_pass, proposer.model.draft_in_parallel
+    proposer._chunk_pass = lambda *a, **kw: calls[-1].append("pass") or passes(*a, **kw)
+    proposer.model.draft_in_parallel = lambda *a: calls[-1].append(a[2]) or parallel(*a)
     propose = proposer.propose
-    proposer.propose = lambda context: calls.append([]) or propose(context)
+
+    def recorded_propose(context):
+        calls.append([])
+        try:
+            return propose(context)
+        finally:
+            calls.append(None)  # what runs between proposals is not theirs
+
+    proposer.propose = recorded_propose
+    proposer.forward_step = _without_recording(proposer.forward_step, calls)
     prompts = mixed_prompts(4, seed=1)
     llm.generate(
         [{"prompt_token_ids": p} for p in prompts], mixed_params(4, seed=1), use_tqdm=False
     )
-    proposals = [c for c in calls if c and c[0] != "setup"]
+    proposals = [c for c in calls if c is not None]
     assert proposals and llm.engine.core.scheduler.spec_stats.num_draft_tokens > 0
-    # K = 5: two serial head steps, then drafts 3-5 from the MLP heads in one pass
-    assert all(c == ["_head_step", "_head_step", ("draft_in_parallel", 3)] for c in proposals)
+    # K = 5: the pass over the verified positions scores draft 1, one head step draft 2, and
+    # drafts 3-5 come from the MLP heads at once
+    assert all(c == ["pass", "pass", 3] for c in proposals)
 
 
-def _recording(original, name, calls):
-    def record(*args):
-        if not calls:
-            calls.append(["setup"])
-        calls[-1].append((name, args[2]) if name == "draft_in_parallel" else name)
-        return original(*args)
+def _without_recording(forward_step, calls):
+    def run(step, hidden_states):
+        calls.append([])  # a scratch list for the passes of the step's prompt chunks
+        forward_step(step, hidden_states)
+        calls.pop()
 
-    return record
+    return run
 
 
 def test_k_beyond_the_heads_drafts_is_refused(target_model, gumiho_head):

@@ -3,23 +3,26 @@ the target's hidden states.
 
 The head's KV, like a draft model's, lives in caches of its own on the target's block ids
 (sized, copied on write and swapped with the target's), so it needs no block manager of its
-own. Its KV at position p encodes the target's hidden state at p and the token at p + 1:
+own. Its KV at position p encodes the target's hidden state at p and the token at p + 1, so a
+position's KV can be written only once the token after it is known:
 
-- after each target forward (``forward_step``) it runs on the step's flat batch, each position
-  with the next token in the batch (the next prompt token, or the draft being verified). A
-  row's last verified position has no next token yet; that KV is written once the token is
-  sampled: by ``propose`` (its first draft step starts there) for the rows drafting, else
-  at the start of the row's next step from the hidden state kept for it;
-- ``propose`` then runs K single-token steps per drafting row, each from the head's own
-  prediction and draft, into the lookahead slots the scheduler allocated.
+- after each target forward (``forward_step``) the head runs on the positions of the rows that
+  do not sample (prompt chunks: the next tokens are the prompt's). For the rows that sample it
+  keeps the target's hidden states: which of their positions are verified, and the token after
+  the last one, are known only after sampling;
+- ``propose`` runs the head once over each drafting row's verified positions of the step, the
+  newest token after the last one (one pass writes their KV, and its output at the last one
+  predicts the first draft), then K - 1 single-token steps, each from the head's own
+  prediction and draft, into the lookahead slots the scheduler allocated. A row that samples
+  but does not draft has its verified positions written at the start of its next step.
 
-A position whose next token was a rejected draft holds a wrong KV until the position is
-computed again, as with a draft model; only drafts depend on the head's KV, never the output
-(verification is lossless).
+Draft positions hold the KV of drafts until computed again, as with a draft model; only drafts
+depend on the head's KV, never the output (verification is lossless).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -28,9 +31,23 @@ import torch
 from octavo.model_executor.step_inputs import ragged_index
 from octavo.models.layers.attention import Attention
 from octavo.spec_decode.config import SpeculativeConfig
-from octavo.spec_decode.drafting import DraftDistributions, decode_metadata, drafter_config
+from octavo.spec_decode.drafting import DraftDistributions, chunk_metadata, drafter_config
 from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head
 from octavo.spec_decode.proposer import ProposeContext
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedChunk:
+    """Rows' positions ``first .. first + counts - 1`` whose tokens after them are known, with
+    the target's hidden states there (``hidden [sum(counts), H]``, flat in row order)."""
+
+    first: np.ndarray
+    counts: np.ndarray
+    hidden: torch.Tensor
+
+    @property
+    def last(self) -> np.ndarray:
+        return self.first + self.counts - 1
 
 
 class EagleProposer:
@@ -50,11 +67,9 @@ class EagleProposer:
         self.max_model_len = target.max_model_len
         self.distributions = DraftDistributions(target.vocab_size, self.k, self.device)
         self.draft_probs = self.distributions.draft_probs
-        # Per sampling request of the last step: (where its hidden states start in
-        # _last_hidden, its first position in the step, how many positions).
-        self._last_step: dict[str, tuple[int, int, int]] = {}
-        self._last_hidden: Any = None
-        self._written: set[str] = set()  # requests whose last verified position propose wrote
+        # Per request whose positions of a sampling step have no head KV yet: (the hidden
+        # states kept for them, where its first one is there, its first position, how many).
+        self._pending: dict[str, tuple[torch.Tensor, int, int, int]] = {}
 
     @staticmethod
     def load_head(config: SpeculativeConfig, runner: Any) -> tuple[Any, EagleHead]:
@@ -66,100 +81,130 @@ class EagleProposer:
 
     def forward_step(self, step: Any, hidden_states: torch.Tensor) -> None:
         batch = self.runner.input_batch
-        num_scheduled = step.num_scheduled
+        num_scheduled = step.num_scheduled.astype(np.int64)
         num_reqs = len(num_scheduled)
         first = batch.num_computed_tokens[:num_reqs].astype(np.int64) - num_scheduled
-        self._write_last_verified(batch, first)
-        row, offset = ragged_index(num_scheduled)
-        positions = first[row] + offset
-        next_positions = np.minimum(positions + 1, batch.token_ids.shape[1] - 1)
-        next_tokens = torch.from_numpy(batch.token_ids[row, next_positions].astype(np.int64))
-        self.model(next_tokens.to(self.device), hidden_states, step.positions, step.attn_metadata)
-        self._keep_sampling_rows(batch, step, first, hidden_states)
+        self._write_pending(batch, first)
+        starts = np.cumsum(num_scheduled) - num_scheduled
+        sampling = np.zeros(num_reqs, dtype=bool)
+        sampling[step.sample_rows] = True
+        self._keep(batch, np.flatnonzero(sampling), starts, first, num_scheduled, hidden_states)
+        others = np.flatnonzero(~sampling)
+        if len(others):  # prompt chunks: the token after each position is the prompt's
+            counts = num_scheduled[others]
+            hidden = hidden_states.index_select(0, self._flat(starts[others], counts))
+            self._chunk_pass(batch, others, VerifiedChunk(first[others], counts, hidden))
 
-    def _keep_sampling_rows(self, batch, step, first: np.ndarray, hidden_states) -> None:
-        """The sampling rows' hidden states (a copy: a graph runner may reuse its output), for
-        the KV of their last verified position once its next token is known."""
-        rows = step.sample_rows
-        counts = step.num_scheduled[rows].astype(np.int64)
-        starts = np.cumsum(step.num_scheduled) - step.num_scheduled
-        row, offset = ragged_index(counts)
-        index = torch.from_numpy(starts[rows][row] + offset).to(self.device)
-        self._last_hidden = hidden_states.index_select(0, index)
-        kept_starts = np.cumsum(counts) - counts
-        req_ids = batch.req_ids
-        self._last_step = {
-            req_ids[r]: (int(kept_starts[i]), int(first[r]), int(counts[i]))
-            for i, r in enumerate(rows.tolist())
-        }
-        self._written = set()
-
-    def _write_last_verified(self, batch: Any, first: np.ndarray) -> None:
-        """The KV of each row's position before its first one this step (the last verified
-        position of its previous step), now that the token after it is known, where
-        ``propose`` did not write it."""
-        rows, flat = [], []
-        req_ids = batch.req_ids
-        for r in range(len(first)):
-            kept = self._last_step.get(req_ids[r])
-            if kept is None or req_ids[r] in self._written:
-                continue
-            start, prev_first, count = kept
-            position = int(first[r]) - 1
-            if prev_first <= position < prev_first + count:
-                rows.append(r)
-                flat.append(start + position - prev_first)
-        if not rows:
+    def _keep(self, batch, rows, starts, first, num_scheduled, hidden_states) -> None:
+        """The sampling rows' hidden states (a copy: a graph runner may reuse its output),
+        until their verified positions are known."""
+        if len(rows) == 0:
             return
-        rows_np = np.array(rows)
-        positions = first[rows_np] - 1
-        hidden = self._last_hidden.index_select(0, torch.tensor(flat, device=self.device))
-        self._head_step(batch, rows_np, positions, hidden)
+        counts = num_scheduled[rows]
+        kept = hidden_states.index_select(0, self._flat(starts[rows], counts))
+        kept_starts = (np.cumsum(counts) - counts).tolist()
+        req_ids = batch.req_ids
+        for i, r in enumerate(rows.tolist()):
+            self._pending[req_ids[r]] = (kept, kept_starts[i], int(first[r]), int(counts[i]))
 
-    def _head_step(self, batch: Any, rows: np.ndarray, positions: np.ndarray, hidden):
-        """One head step per row at ``positions`` (its token after is in the batch): the
-        predicted hidden states, its KV written."""
-        tokens = batch.token_ids[rows, positions + 1].astype(np.int64)
-        attn = decode_metadata(batch, rows, positions, self.block_size, self.device)
+    def _write_pending(self, batch: Any, first: np.ndarray) -> None:
+        """The KV of the verified positions of each row's last sampling step that ``propose``
+        did not write (the row did not draft), now that the tokens after them are known."""
+        req_ids = batch.req_ids
+        rows = [r for r in range(len(first)) if req_ids[r] in self._pending]
+        chunks = []
+        for r in rows:
+            kept, start, pending_first, count = self._pending.pop(req_ids[r])
+            verified = min(int(first[r]) - pending_first, count)
+            if verified > 0:  # else the row is computed again from before them
+                chunks.append((r, pending_first, verified, kept[start : start + verified]))
+        if chunks:
+            rows_np = np.array([c[0] for c in chunks])
+            chunk = VerifiedChunk(
+                np.array([c[1] for c in chunks], dtype=np.int64),
+                np.array([c[2] for c in chunks], dtype=np.int64),
+                torch.cat([c[3] for c in chunks]),
+            )
+            self._chunk_pass(batch, rows_np, chunk)
+
+    def _take_verified(self, batch: Any, rows: np.ndarray) -> VerifiedChunk:
+        """The verified positions of this step for ``rows`` (which sampled), up to the one
+        before the newest token, their pending KV now to be written by ``propose``."""
+        req_ids = batch.req_ids
+        entries = [self._pending.pop(req_ids[r]) for r in rows.tolist()]
+        first = np.array([e[2] for e in entries], dtype=np.int64)
+        counts = batch.num_tokens[rows].astype(np.int64) - 1 - first
+        kept = entries[0][0]
+        if all(e[0] is kept for e in entries):  # the usual case: all kept this step
+            starts = np.array([e[1] for e in entries], dtype=np.int64)
+            hidden = kept.index_select(0, self._flat(starts, counts))
+        else:
+            hidden = torch.cat([e[0][e[1] : e[1] + n] for e, n in zip(entries, counts.tolist())])
+        return VerifiedChunk(first, counts, hidden)
+
+    def _flat(self, starts: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+        row, offset = ragged_index(counts)
+        return torch.from_numpy(starts[row] + offset).to(self.device)
+
+    def _chunk_pass(self, batch: Any, rows: np.ndarray, chunk: VerifiedChunk, **kw):
+        """One head pass over ``chunk``'s positions of ``rows``, each with the token after it
+        in the batch: the predicted hidden states, their KV written."""
+        row, offset = ragged_index(chunk.counts)
+        positions = chunk.first[row] + offset
+        tokens = batch.token_ids[rows[row], positions + 1].astype(np.int64)
+        attn = chunk_metadata(batch, rows, chunk.first, chunk.counts, self.block_size, self.device)
         return self.model(
             torch.from_numpy(tokens).to(self.device),
-            hidden,
+            chunk.hidden,
             torch.from_numpy(positions).to(self.device),
             attn,
+            **kw,
         )
+
+    def _head_step(self, batch: Any, rows: np.ndarray, positions: np.ndarray, hidden):
+        """One head step per row at ``positions`` (its token after is in the batch)."""
+        ones = np.ones(len(rows), dtype=np.int64)
+        return self._chunk_pass(batch, rows, VerifiedChunk(positions, ones, hidden))
 
     def propose(self, context: ProposeContext) -> tuple[np.ndarray, np.ndarray]:
         batch, rows = context.batch, context.rows
         newest = batch.num_tokens[rows].astype(np.int64) - 1  # the newest token: no KV yet
         num_drafts = np.clip(np.minimum(self.k, self.max_model_len - 1 - newest), 0, None)
-        req_ids = batch.req_ids
-        flat = [self._flat_index(req_ids[r], int(p) - 1) for r, p in zip(rows.tolist(), newest)]
-        hidden = self._last_hidden.index_select(0, torch.tensor(flat, device=self.device))
-        positions = newest - 1  # each row's last verified position
+        verified = self._take_verified(batch, rows)
         drafts = np.zeros((len(rows), self.k), dtype=np.int64)
         probs = self.distributions.new_probs(batch, rows)
-        self._draft(context, positions, hidden, num_drafts, drafts, probs)
-        self._written.update(req_ids[r] for r in rows[num_drafts > 0].tolist())
+        self._draft(context, verified, num_drafts, drafts, probs)
         self.distributions.keep(batch, rows, num_drafts, probs)
         return drafts, num_drafts
 
-    def _draft(self, context, positions, hidden, num_drafts, drafts, probs) -> None:
-        """Fill ``drafts [R, K]`` (and ``probs``) for ``context.rows``: K serial head steps."""
-        self._draft_serially(context, positions, hidden, num_drafts, drafts, probs, self.k)
+    def _draft(self, context, verified: VerifiedChunk, num_drafts, drafts, probs) -> None:
+        """Fill ``drafts [R, K]`` (and ``probs``) for ``context.rows``: the pass over their
+        verified positions, then K - 1 serial head steps."""
+        predicted = self._verified_pass(context, verified)
+        self._draft_serially(context, verified.last, predicted, num_drafts, drafts, probs, self.k)
 
-    def _draft_serially(self, context, positions, hidden, num_drafts, drafts, probs, steps):
-        """Drafts ``0 .. steps - 1``, each head step from the last one's prediction and draft;
-        returns the rows (indices into ``context.rows``) that drafted them all and the head's
-        last predicted hidden states for them."""
+    def _verified_pass(self, context, verified: VerifiedChunk) -> torch.Tensor:
+        """The head pass over the rows' verified positions: ``[R, H]`` its predictions at each
+        row's last one (the hidden states the first drafts are scored from)."""
+        predicted = self._chunk_pass(context.batch, context.rows, verified)
+        last = torch.from_numpy(np.cumsum(verified.counts) - 1).to(self.device)
+        return predicted.index_select(0, last)
+
+    def _draft_serially(self, context, positions, predicted, num_drafts, drafts, probs, steps):
+        """Drafts ``0 .. steps - 1``: the first from ``predicted`` (the head's predictions at
+        ``positions``, each row's last verified one), each next one from a head step on the
+        last one's prediction and draft; returns the rows (indices into ``context.rows``) that
+        drafted them all and the head's predictions their last drafts were scored from."""
         batch, rows = context.batch, context.rows
-        active = np.arange(len(rows))
+        active, hidden = np.arange(len(rows)), predicted
         for j in range(steps):
             keep = num_drafts[active] > j
             active, hidden = active[keep], hidden[torch.from_numpy(keep).to(self.device)]
             if len(active) == 0:
                 break
             at = positions[active] + j
-            hidden = self._head_step(batch, rows[active], at, hidden)
+            if j > 0:
+                hidden = self._head_step(batch, rows[active], at, hidden)
             logits = self.model.compute_logits(hidden)
             self._sample_logits(context, active, j, at, logits, drafts, probs)
         return active, hidden
@@ -177,11 +222,7 @@ class EagleProposer:
         if probs is not None:  # the processors
             probs[torch.from_numpy(active).to(self.device), j] = q
 
-    def _flat_index(self, req_id: str, position: int) -> int:
-        start, first, _ = self._last_step[req_id]
-        return start + position - first
-
     def forget(self, req_ids) -> None:
         self.distributions.forget(req_ids)
         for req_id in req_ids:
-            self._last_step.pop(req_id, None)
+            self._pending.pop(req_id, None)

@@ -92,12 +92,14 @@ class GumihoProposer(EagleProposer):
         check_gumiho_head(model_config, runner.model_config, config.num_speculative_tokens)
         return model_config, runner.load_model(model_config, GumihoHead)
 
-    def _draft(self, context, positions, hidden, num_drafts, drafts, probs) -> None:
+    def _draft(self, context, verified, num_drafts, drafts, probs) -> None:
         """The serial head's drafts, then the rest from the MLP heads in one pass (sampled in
         order, so each one's logits processors see the drafts before it)."""
         serial = min(self.k, self.model.num_serial_drafts)
+        positions = verified.last
+        predicted = self._verified_pass(context, verified)
         active, hidden = self._draft_serially(
-            context, positions, hidden, num_drafts, drafts, probs, serial
+            context, positions, predicted, num_drafts, drafts, probs, serial
         )
         more = num_drafts[active] - serial
         keep = more > 0

@@ -3,12 +3,12 @@
 ``{"method": "eagle", "model": HEAD, "num_speculative_tokens": K, "parallel_drafting": true}``,
 as vLLM names it. The head is an EAGLE head (``octavo.spec_decode.eagle_head``) with two more
 tensors, ``mask_embedding [hidden]`` and ``mask_hidden [hidden]``: the learned inputs of the
-slots whose token and hidden state are not known yet. To draft, each row runs one chunk of K
-positions from its last verified one: that position reads the newest token and the target's
-hidden state, as in serial EAGLE; the K - 1 after it read the mask embedding and hidden state,
-and each of the K outputs scores one draft. The KV written at the masked positions is rewritten
-by the head's pass over the next step's verified tokens (``forward_step``), as serial drafts'
-is; drafts never touch the output (verification is lossless).
+slots whose token and hidden state are not known yet. To draft, each row runs one chunk: its
+verified positions of the step (each with the token after it and the target's hidden state, as
+in serial EAGLE, the last one with the newest token), then K - 1 slots that read the mask
+embedding and hidden state; the outputs from the last verified position on score the K drafts.
+The KV written at the masked slots is rewritten by the head's pass once their tokens are
+verified, as serial drafts' is; drafts never touch the output (verification is lossless).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import nn
 from octavo.errors import ConfigError
 from octavo.model_executor.step_inputs import ragged_index
 from octavo.spec_decode.config import SpeculativeConfig
-from octavo.spec_decode.drafting import chunk_metadata, drafter_config
-from octavo.spec_decode.eagle import EagleProposer
+from octavo.spec_decode.drafting import drafter_config
+from octavo.spec_decode.eagle import EagleProposer, VerifiedChunk
 from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head
 
 MASK_TENSORS = ("mask_embedding", "mask_hidden")
@@ -66,35 +66,31 @@ class ParallelEagleProposer(EagleProposer):
             )
         return model_config, runner.load_model(model_config, ParallelEagleHead)
 
-    def _draft(self, context, positions, hidden, num_drafts, drafts, probs) -> None:
+    def _draft(self, context, verified: VerifiedChunk, num_drafts, drafts, probs) -> None:
+        """One head pass per row over its verified positions and K - 1 masked slots after them:
+        the outputs from its last verified position on score its K drafts."""
         batch, rows = context.batch, context.rows
-        active = np.flatnonzero(num_drafts > 0)
-        if len(active) == 0:
-            return
-        counts, first = num_drafts[active].astype(np.int64), positions[active]
+        counts = verified.counts + np.maximum(num_drafts - 1, 0)
         row, offset = ragged_index(counts)
-        at = first[row] + offset
-        known = offset == 0  # the last verified position: the newest token is after it
-        tokens = np.where(known, batch.token_ids[rows[active][row], first[row] + 1], 0)
-        inputs = hidden.new_zeros(len(at), hidden.shape[-1])
-        inputs[torch.from_numpy(np.flatnonzero(known)).to(self.device)] = hidden[
-            torch.from_numpy(active).to(self.device)
-        ]
-        attn = chunk_metadata(batch, rows[active], first, counts, self.block_size, self.device)
-        predicted = self.model(
-            torch.from_numpy(tokens.astype(np.int64)).to(self.device),
-            inputs,
-            torch.from_numpy(at).to(self.device),
-            attn,
-            masked=torch.from_numpy(~known).to(self.device),
+        masked = offset >= verified.counts[row]
+        inputs = verified.hidden.new_zeros(len(row), verified.hidden.shape[-1])
+        inputs[torch.from_numpy(np.flatnonzero(~masked)).to(self.device)] = verified.hidden
+        predicted = self._chunk_pass(
+            batch,
+            rows,
+            VerifiedChunk(verified.first, counts, inputs),
+            masked=torch.from_numpy(masked).to(self.device),
         )
-        logits = self.model.compute_logits(predicted)  # one LM-head matmul for every draft
-        for j in range(int(counts.max())):  # drafts in order: each one's processors see the
-            here = offset == j  # drafts before it, as serially
-            index = torch.from_numpy(np.flatnonzero(here)).to(self.device)
-            self._sample_logits(
-                context, active[counts > j], j, at[here], logits[index], drafts, probs
-            )
+        last = np.cumsum(counts) - counts + verified.counts - 1  # each row's last verified one
+        draft_row, depth = ragged_index(num_drafts)
+        wanted = torch.from_numpy(last[draft_row] + depth).to(self.device)
+        logits = self.model.compute_logits(predicted.index_select(0, wanted))  # one matmul
+        for j in range(int(num_drafts.max(initial=0))):  # drafts in order: each one's
+            here = np.flatnonzero(depth == j)  # processors see the drafts before it
+            active = draft_row[here]
+            at = verified.last[active] + j
+            index = torch.from_numpy(here).to(self.device)
+            self._sample_logits(context, active, j, at, logits[index], drafts, probs)
 
 
 def _tensor_names(folder: Path) -> set[str]:
