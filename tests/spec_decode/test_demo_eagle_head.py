@@ -1,4 +1,4 @@
-"""The EAGLE and P-EAGLE heads shipped for the demo model load with it, keep its greedy output,
+"""The EAGLE, P-EAGLE and Gumiho heads shipped for the demo model load with it, keep its greedy output,
 and draft well on code (their READMEs give the tokens per verify step at K = 4 on held-out
 files)."""
 
@@ -20,8 +20,12 @@ PROMPTS = [
 
 @pytest.mark.parametrize(
     "folder,extra",
-    [("demo-model-eagle", {}), ("demo-model-p-eagle", {"parallel_drafting": True})],
-    ids=("eagle", "p-eagle"),
+    [
+        ("demo-model-eagle", {}),
+        ("demo-model-p-eagle", {"parallel_drafting": True}),
+        ("demo-model-gumiho", {"method": "gumiho"}),
+    ],
+    ids=("eagle", "p-eagle", "gumiho"),
 )
 def test_the_shipped_head_drafts_what_the_demo_model_writes(folder, extra):
     if not (DATA / folder / "model.safetensors").is_file():
