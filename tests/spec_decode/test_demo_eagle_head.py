@@ -1,6 +1,6 @@
-"""The EAGLE, P-EAGLE and Gumiho heads shipped for the demo model load with it, keep its greedy output,
-and draft well on code (their READMEs give the tokens per verify step at K = 4 on held-out
-files)."""
+"""The EAGLE, P-EAGLE and Gumiho heads shipped for the demo model load with it, keep its
+greedy output, and draft well on code (their READMEs give the tokens per verify step at K = 4
+on held-out files)."""
 
 from __future__ import annotations
 
