@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from spec_helpers import (
     TARGET,
     assert_pool_clean,
@@ -21,6 +22,7 @@ from spec_helpers import (
     write_self_eagle_head,
 )
 
+from octavo import SamplingParams
 from octavo.errors import ConfigError
 from octavo.testing.tiny_models import write_random_eagle_head, write_tiny_model
 
@@ -106,3 +108,49 @@ def test_a_head_for_another_target_is_refused(tmp_path, one_layer_target, target
     (tmp_path / "head" / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ConfigError):
         make_llm(one_layer_target, eagle(tmp_path / "head"))
+
+
+def _head_kv_of_verified_positions(llm, prompts, params) -> list[torch.Tensor]:
+    """Per request, the head's K and V (``[2, n - 2, kv heads, head dim]``) at its positions
+    0 .. n - 3 at the end of its last step (once it finished its blocks go to others), read
+    through its block table in the cpu platform's layout (``[2, blocks, kv heads, block size,
+    head dim]``, each K tile stored transposed, ``[head dim, block size]``). Position n - 2's
+    token after it came in the last step, after which nothing drafts; n - 1 has none."""
+    runner = llm.engine.core.runner
+    cache = runner.speculation.proposer.attention_layers[0].kv_cache
+    _, num_blocks, kv_heads, block_size, head_dim = cache.shape
+    k_tiles = cache[0].view(num_blocks, kv_heads, head_dim, block_size)
+    kvs, step = {}, runner.execute_model
+
+    def record(scheduler_output):
+        output = step(scheduler_output)
+        batch = runner.input_batch
+        for r in range(batch.num_reqs):
+            positions = torch.arange(int(batch.num_tokens[r]) - 2)
+            table = torch.from_numpy(batch.block_table[r].astype("int64"))
+            blocks, slots = table[positions // block_size], positions % block_size
+            k = k_tiles[blocks, :, :, slots]
+            kvs[batch.req_ids[r]] = torch.stack([k, cache[1, blocks, :, slots]])
+        return output
+
+    runner.execute_model = record
+    outputs = generate(llm, prompts, params)
+    return [kvs[o.request_id] for o in outputs]
+
+
+def test_the_heads_kv_is_the_same_whether_or_not_a_step_drafted(target_model, eagle_head):
+    """With disable_by_batch_size no step of a full batch drafts, so each row's verified
+    positions are written at its next step instead of by the pass that drafts: the head's KV
+    at every verified position ends up the same as when every step drafts."""
+    prompts = mixed_prompts(6, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    always = make_llm(target_model, eagle(eagle_head, 3), enable_prefix_caching=False)
+    never = make_llm(
+        target_model, eagle(eagle_head, 3, disable_by_batch_size=1), enable_prefix_caching=False
+    )
+    expected = _head_kv_of_verified_positions(always, prompts, params)
+    got = _head_kv_of_verified_positions(never, prompts, params)
+    assert always.engine.core.scheduler.spec_stats.num_drafts > 0
+    assert never.engine.core.scheduler.spec_stats.num_drafts == 0
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
