@@ -12,6 +12,7 @@ import json
 from typing import Any, Optional
 
 from octavo.errors import ConfigError
+from octavo.spec_decode.config import METHODS as SPECULATIVE_METHODS
 from octavo.spec_decode.config import SpeculativeConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -312,7 +313,7 @@ class EngineArgs:
             help="speculative decoding, as vLLM's JSON: "
             '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}\' or '
             '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' '
-            "(methods: ngram, draft_model, eagle, mtp)",
+            f"(methods: {', '.join(SPECULATIVE_METHODS)})",
         )
         return parser
 

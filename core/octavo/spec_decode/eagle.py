@@ -110,6 +110,8 @@ class EagleProposer:
     def _write_pending(self, batch: Any, first: np.ndarray) -> None:
         """The KV of the verified positions of each row's last sampling step that ``propose``
         did not write (the row did not draft), now that the tokens after them are known."""
+        if not self._pending:  # the usual case: propose wrote every sampling row's
+            return
         req_ids = batch.req_ids
         rows = [r for r in range(len(first)) if req_ids[r] in self._pending]
         chunks = []
@@ -208,6 +210,17 @@ class EagleProposer:
             logits = self.model.compute_logits(hidden)
             self._sample_logits(context, active, j, at, logits, drafts, probs)
         return active, hidden
+
+    def _sample_in_order(self, context, active, depth, first_j: int, at, logits, drafts, probs):
+        """Drafts ``first_j + depth[i]`` of rows ``active[i]`` (indices into ``context.rows``)
+        at positions ``at[i]`` from ``logits [N, V]`` (one row each), scored at once, sampled
+        depth by depth so that each one's logits processors see the drafts before it."""
+        for j in range(int(depth.max(initial=-1)) + 1):
+            here = np.flatnonzero(depth == j)
+            index = torch.from_numpy(here).to(self.device)
+            self._sample_logits(
+                context, active[here], first_j + j, at[here], logits[index], drafts, probs
+            )
 
     def _sample_logits(self, context, active, j: int, at, logits, drafts, probs) -> None:
         """Draft ``j`` of the rows ``active`` (indices into ``context.rows``) at positions

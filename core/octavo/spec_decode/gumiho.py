@@ -23,11 +23,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from octavo.errors import ConfigError
+from octavo.model_executor.step_inputs import ragged_index
 from octavo.models.layers.linear import TPGroup
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.llama import LlamaMLP
@@ -153,22 +153,12 @@ class GumihoProposer(EagleProposer):
         active, more = active[keep], more[keep]
         hidden = hidden[torch.from_numpy(keep).to(self.device)]
         last = torch.from_numpy(drafts[active, serial - 1]).to(self.device)
-        count = int(more.max())
-        predicted = self.model.draft_in_parallel(last, hidden, count)
-        logits = self.model.compute_logits(predicted.flatten(0, 1)).view(count, len(active), -1)
-        for j in range(count):
-            here = more > j
-            index = torch.from_numpy(np.flatnonzero(here)).to(self.device)
-            at = positions[active[here]] + serial + j
-            self._sample_logits(
-                context,
-                active[here],
-                serial + j,
-                at,
-                logits[j].index_select(0, index),
-                drafts,
-                probs,
-            )
+        predicted = self.model.draft_in_parallel(last, hidden, int(more.max()))  # [J, R', H]
+        row, depth = ragged_index(more)  # the drafts each row still wants
+        wanted = torch.from_numpy(depth * len(active) + row).to(self.device)
+        logits = self.model.compute_logits(predicted.flatten(0, 1).index_select(0, wanted))
+        at = positions[active[row]] + serial + depth
+        self._sample_in_order(context, active[row], depth, serial, at, logits, drafts, probs)
 
 
 def check_gumiho_head(head, target, num_speculative_tokens: int) -> None:

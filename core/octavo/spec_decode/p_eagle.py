@@ -85,12 +85,8 @@ class ParallelEagleProposer(EagleProposer):
         draft_row, depth = ragged_index(num_drafts)
         wanted = torch.from_numpy(last[draft_row] + depth).to(self.device)
         logits = self.model.compute_logits(predicted.index_select(0, wanted))  # one matmul
-        for j in range(int(num_drafts.max(initial=0))):  # drafts in order: each one's
-            here = np.flatnonzero(depth == j)  # processors see the drafts before it
-            active = draft_row[here]
-            at = verified.last[active] + j
-            index = torch.from_numpy(here).to(self.device)
-            self._sample_logits(context, active, j, at, logits[index], drafts, probs)
+        at = verified.last[draft_row] + depth
+        self._sample_in_order(context, draft_row, depth, 0, at, logits, drafts, probs)
 
 
 def _tensor_names(folder: Path) -> set[str]:
