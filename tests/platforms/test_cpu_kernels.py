@@ -146,7 +146,6 @@ def _op_samples(ops):
         head_dim**-0.5,
         -1,
         3,
-        0,
     )
     x, residual, weight = randn(3, 32), randn(3, 32), randn(32)
     qkv = randn(3, 6 * head_dim)

@@ -7,10 +7,12 @@
 // block_size-wide vector FMAs (and fp32 K/V are read in place).
 //
 // Work is split into items (request, KV head, a tile of query tokens, a range of the context).
-// The query heads that share a KV head are processed together, so each K/V tile is read once for
-// all of them. Softmax is online, in fp32. When the batch alone cannot keep every thread busy
-// (a decode at batch 1), the context is split into ranges whose partial results (accumulator,
-// running max, running sum) are merged afterwards: split-KV.
+// The query heads that share a KV head, at up to a few consecutive positions, are processed
+// together, so each K/V vector is loaded once for all of them (for a prefill chunk this is a
+// small register-blocked GEMM). Softmax is online, in fp32. Threads claim items costliest first.
+// When the batch alone cannot keep every thread busy (a decode at batch 1), the context is split
+// into ranges whose partial results (accumulator, running max, running sum) are merged
+// afterwards: split-KV.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -19,9 +21,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -73,6 +77,11 @@ inline void scale_row(float alpha, float* y, int64_t n) {
 // block: with block size 1 a group is 64 blocks.
 constexpr int64_t kGroupTokens = 64;
 
+// Rows attended together: the query heads of one KV head at consecutive positions of a
+// request, each K and V vector loaded once for all of them. Eight keep the sums in AVX-512's 32
+// registers; AVX2's 16 hold four.
+constexpr int kMaxRows = at::vec::Vectorized<float>::size() >= 16 ? 8 : 4;
+
 inline int64_t blocks_per_group(int64_t block_size) {
   return std::max<int64_t>(1, kGroupTokens / block_size);
 }
@@ -81,6 +90,7 @@ inline int64_t blocks_per_group(int64_t block_size) {
 // one group, and for 16-bit caches one group of K and V tiles widened to fp32.
 struct Scratch {
   std::vector<float> q, acc, m, l, k, v, s;
+  std::vector<int64_t> lo, hi;  // each row's visible range of the current group
   void reserve(int64_t rows, const Shape& shape) {
     const int64_t width = at::vec::Vectorized<float>::size();
     const int64_t group = blocks_per_group(shape.block_size) * shape.block_size;
@@ -90,7 +100,9 @@ struct Scratch {
     l.assign(rows, 0.f);
     k.resize(group * shape.head_dim);
     v.resize(group * shape.head_dim);
-    s.resize(4 * ((group + width - 1) / width * width));  // up to four rows at once
+    s.resize(kMaxRows * ((group + width - 1) / width * width));
+    lo.resize(rows);
+    hi.resize(rows);
   }
 };
 
@@ -104,8 +116,8 @@ struct Scratch {
 // the group's padded width.
 template <int R>
 inline void attend_group(const float* q, const float* const* kt, const float* const* vf,
-                         int64_t nb, int64_t n, int64_t D, int64_t lo, int64_t hi, float* s,
-                         float* m, float* l, float* acc) {
+                         int64_t nb, int64_t n, int64_t D, const int64_t* lo, const int64_t* hi,
+                         float* s, float* m, float* l, float* acc) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t W = Vec::size();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -145,8 +157,13 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
   float correction[R];
   for (int g = 0; g < R; ++g) {
     float* sg = s + g * padded;
-    for (int64_t t = 0; t < lo; ++t) sg[t] = kNegInf;
-    for (int64_t t = hi; t < padded; ++t) sg[t] = kNegInf;  // the invisible tail and padding
+    if (lo[g] >= hi[g]) {  // this row sees none of the group (a causal tile's early token)
+      std::fill(sg, sg + padded, 0.f);
+      correction[g] = 1.f;
+      continue;
+    }
+    for (int64_t t = 0; t < lo[g]; ++t) sg[t] = kNegInf;
+    for (int64_t t = hi[g]; t < padded; ++t) sg[t] = kNegInf;  // the invisible tail and padding
     Vec maxima(kNegInf);
     for (int64_t t = 0; t < padded; t += W) maxima = at::vec::maximum(maxima, Vec::loadu(sg + t));
     const float group_max = at::vec::vec_reduce_all<float>(
@@ -166,6 +183,11 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
            at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
     m[g] = m_new;
   }
+  int64_t lo_all = lo[0], hi_all = hi[0];  // the rows' visible ranges together
+  for (int g = 1; g < R; ++g) {
+    lo_all = std::min(lo_all, lo[g]);
+    hi_all = std::max(hi_all, hi[g]);
+  }
   for (int64_t d = 0; d < D; d += W) {
     const int64_t width = std::min(W, D - d);
     Vec even[R], odd[R];
@@ -175,7 +197,7 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
       odd[g] = Vec(0.f);
     }
     for (int64_t j = 0; j < nb; ++j) {
-      const int64_t t0 = std::max<int64_t>(lo - j * n, 0), t1 = std::min(hi - j * n, n);
+      const int64_t t0 = std::max<int64_t>(lo_all - j * n, 0), t1 = std::min(hi_all - j * n, n);
       const float* p = s + j * n;
       int64_t t = t0;
       for (; t + 1 < t1; t += 2) {
@@ -204,21 +226,31 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
   }
 }
 
-// The G query rows of one position in chunks of at most four (one instantiation each).
-inline void attend_rows(int64_t G, const float* q, const float* const* kt, const float* const* vf,
-                        int64_t nb, int64_t n, int64_t D, int64_t lo, int64_t hi, float* s,
-                        float* m, float* l, float* acc) {
-  for (int64_t g = 0; g < G;) {
-    const int64_t rows = std::min<int64_t>(4, G - g);
+// `rows` query rows (each with its visible range [lo, hi) of the group) in chunks of at most
+// kMaxRows, one instantiation per chunk size.
+inline void attend_rows(int64_t rows, const float* q, const float* const* kt,
+                        const float* const* vf, int64_t nb, int64_t n, int64_t D,
+                        const int64_t* lo, const int64_t* hi, float* s, float* m, float* l,
+                        float* acc) {
+  for (int64_t g = 0; g < rows;) {
+    const int64_t count = std::min<int64_t>(kMaxRows, rows - g);
     const float* qg = q + g * D;
     float* ag = acc + g * D;
-    switch (rows) {
-      case 4: attend_group<4>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
-      case 3: attend_group<3>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
-      case 2: attend_group<2>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
-      default: attend_group<1>(qg, kt, vf, nb, n, D, lo, hi, s, m + g, l + g, ag); break;
+    const int64_t *lg = lo + g, *hg = hi + g;
+    switch (count) {
+#define OCTAVO_ATTEND_CASE(k) \
+  case k: attend_group<k>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
+      OCTAVO_ATTEND_CASE(8)
+      OCTAVO_ATTEND_CASE(7)
+      OCTAVO_ATTEND_CASE(6)
+      OCTAVO_ATTEND_CASE(5)
+      OCTAVO_ATTEND_CASE(4)
+      OCTAVO_ATTEND_CASE(3)
+      OCTAVO_ATTEND_CASE(2)
+#undef OCTAVO_ATTEND_CASE
+      default: attend_group<1>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
     }
-    g += rows;
+    g += count;
   }
 }
 
@@ -289,17 +321,28 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
       prefetch_tile(k_cache + tile, bs * D);
       prefetch_tile(v_cache + tile, bs * D);
     }
+    // Each row's visible part of the group; the tokens that see none of it (the tile's first,
+    // against the diagonal's far side, or past a sliding window) are left out at either end.
     const int64_t b0 = b * bs;
+    int64_t first = num_q, last = -1;
     for (int64_t i = 0; i < num_q; ++i) {
       const int64_t pos = pos_first + i;
       int64_t lo = std::max<int64_t>(0, k_lo - b0);
       const int64_t hi = std::min(nb * bs, std::min(k_hi, pos + 1) - b0);
       if (sh.window > 0) lo = std::max<int64_t>(lo, pos - sh.window + 1 - b0);
-      if (lo >= hi) continue;
-      const int64_t r = i * G;
-      attend_rows(G, q + r * D, kt, vf, nb, bs, D, lo, hi, scratch.s.data(), m + r, l + r,
-                  acc + r * D);
+      for (int64_t g = 0; g < G; ++g) {
+        scratch.lo[i * G + g] = lo;
+        scratch.hi[i * G + g] = hi;
+      }
+      if (lo < hi) {
+        first = std::min(first, i);
+        last = i;
+      }
     }
+    if (last < 0) continue;
+    const int64_t r = first * G;
+    attend_rows((last + 1 - first) * G, q + r * D, kt, vf, nb, bs, D, scratch.lo.data() + r,
+                scratch.hi.data() + r, scratch.s.data(), m + r, l + r, acc + r * D);
   }
   if (item.partial < 0) {
     for (int64_t i = 0; i < num_q; ++i) {
@@ -365,18 +408,17 @@ struct Plan {
 };
 
 Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* seq_lens,
-                int64_t num_reqs, int64_t max_query_len) {
+                int64_t num_reqs) {
   Plan plan;
   int64_t base_items = 0;
   for (int64_t r = 0; r < num_reqs; ++r) {
     const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
-    if (max_query_len > 0 && q_len > max_query_len) continue;
     base_items += sh.num_kv_heads * ((q_len + kQueryTile - 1) / kQueryTile);
   }
   const int64_t target = 2 * at::get_num_threads();
   for (int64_t r = 0; r < num_reqs; ++r) {
     const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
-    if (q_len <= 0 || (max_query_len > 0 && q_len > max_query_len)) continue;
+    if (q_len <= 0) continue;
     const int64_t seq_len = seq_lens[r];
     for (int64_t qb = 0; qb < q_len; qb += kQueryTile) {
       const int64_t qe = std::min(q_len, qb + kQueryTile);
@@ -403,6 +445,11 @@ Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* 
     }
   }
   return plan;
+}
+
+// An item's work, roughly: its query tokens times the context they attend.
+inline int64_t item_cost(const Item& item) {
+  return (item.q_end - item.q_begin) * (item.k_end - item.k_begin);
 }
 
 template <typename T>
@@ -434,12 +481,12 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
 template <typename T>
 void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
             const at::Tensor& block_table, const at::Tensor& query_start_loc,
-            const at::Tensor& seq_lens, const Shape& sh, int64_t max_query_len) {
+            const at::Tensor& seq_lens, const Shape& sh) {
   const int64_t num_reqs = seq_lens.size(0);
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* table = block_table.data_ptr<int32_t>();
-  Plan plan = plan_items(sh, qsl, lens, num_reqs, max_query_len);
+  Plan plan = plan_items(sh, qsl, lens, num_reqs);
   const int64_t num_blocks = kv_cache.size(1);
   const T* k_cache = kv_cache.data_ptr<T>();
   const T* v_cache = k_cache + num_blocks * sh.num_kv_heads * sh.block_size * sh.head_dim;
@@ -447,11 +494,20 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   T* o = out.data_ptr<T>();
   std::vector<float> partial_acc(plan.num_partials * kQueryTile * sh.group * sh.head_dim);
   std::vector<float> partial_ml(plan.num_partials * kQueryTile * sh.group * 2);
+  // Items differ in cost (a long prompt's last tiles see its whole context, its first almost
+  // none): the threads claim them one at a time, costliest first, so none waits on another.
   const int64_t num_items = static_cast<int64_t>(plan.items.size());
-  at::parallel_for(0, num_items, 1, [&](int64_t begin, int64_t end) {
+  std::vector<int64_t> order(num_items);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return item_cost(plan.items[a]) > item_cost(plan.items[b]);
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Scratch scratch;
-    for (int64_t i = begin; i < end; ++i) {
-      run_item<T>(plan.items[i], sh, q, o, k_cache, v_cache, table, qsl, lens,
+    for (int64_t i = next++; i < num_items; i = next++) {
+      run_item<T>(plan.items[order[i]], sh, q, o, k_cache, v_cache, table, qsl, lens,
                   partial_acc.data(), partial_ml.data(), scratch);
     }
   });
@@ -465,14 +521,12 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
 }
 
 // out[T, H, D] = attention of query[T, H, D] over each request's context, after writing the
-// step's key/value[T, KVH, D] into kv_cache through slot_mapping (-1 skips a token). Requests
-// with more than max_query_len new tokens (when > 0) are left to the caller: their K/V are
-// written, their rows of out are not.
+// step's key/value[T, KVH, D] into kv_cache through slot_mapping (-1 skips a token).
 void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& key,
                      const at::Tensor& value, at::Tensor kv_cache, const at::Tensor& slot_mapping,
                      const at::Tensor& block_table, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, double scale, int64_t sliding_window,
-                     int64_t num_tokens, int64_t max_query_len) {
+                     int64_t num_tokens) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               "kv_cache must be [2, num_blocks, num_kv_heads, block_size, head_dim]");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [T, H, D]");
@@ -509,8 +563,7 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
                                     write_kv<scalar_t>(key, value, kv_cache, slot_mapping, sh,
                                                        num_tokens);
                                     attend<scalar_t>(out, query, kv_cache, block_table,
-                                                     query_start_loc, seq_lens, sh,
-                                                     max_query_len);
+                                                     query_start_loc, seq_lens, sh);
                                   });
 }
 
@@ -520,7 +573,7 @@ TORCH_LIBRARY(OCTAVO_CPU_NAMESPACE, m) {
   m.def(
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key, Tensor value, Tensor(b!) "
       "kv_cache, Tensor slot_mapping, Tensor block_table, Tensor query_start_loc, "
-      "Tensor seq_lens, float scale, int sliding_window, int num_tokens, int max_query_len) "
+      "Tensor seq_lens, float scale, int sliding_window, int num_tokens) "
       "-> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }

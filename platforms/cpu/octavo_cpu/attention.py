@@ -10,14 +10,14 @@ block per step). The torch path reads tiles with one ``index_select`` each and t
 back to token rows for SDPA; new K/V go in with one ``index_copy_`` per tensor.
 
 With the compiled kernel, one call writes the step's K/V and attends every request of the mixed
-batch in place, but long prefill chunks (more than ``SDPA_MIN_QUERY_LEN`` new tokens), which
-SDPA's blocked GEMMs serve faster. On the torch path, decode rows (one new token) of all
-requests are served together: their context is gathered into a reused workspace and attended
-with one ``scaled_dot_product_attention`` call whose boolean mask hides each row's padding; the
-query heads that share a KV head ride along as that call's query length. Prefill chunks get one
-SDPA call each: a fresh prompt attends straight to its new K/V with ``is_causal``; a chunk after
-context reads its blocks with a lower-right causal mask. Every SDPA call is 4-D: with 3-D
-inputs torch falls back to its slow math path.
+batch in place, prefill chunks included (benchmarks/cpu_kernels.py: faster than SDPA for every
+chunk length measured, fresh 512-token prompts ~2x). On the torch path, decode rows (one new
+token) of all requests are served together: their context is gathered into a reused workspace
+and attended with one ``scaled_dot_product_attention`` call whose boolean mask hides each row's
+padding; the query heads that share a KV head ride along as that call's query length. Prefill
+chunks get one SDPA call each: a fresh prompt attends straight to its new K/V with
+``is_causal``; a chunk after context reads its blocks with a lower-right causal mask. Every
+SDPA call is 4-D: with 3-D inputs torch falls back to its slow math path.
 """
 
 from __future__ import annotations
@@ -29,11 +29,6 @@ import torch.nn.functional as F
 
 from octavo.platform.types import AttentionBackend, AttentionMetadata
 from octavo_cpu.kernels import CpuKernels, load_kernels
-
-SDPA_MIN_QUERY_LEN = 32
-"""With the compiled kernel, requests with more new tokens than this are attended by SDPA
-(benchmarks/cpu_kernels.py: the kernel is ~3x faster for decodes, SDPA ~1.6x for 512-token
-prefills)."""
 
 WORKSPACE_BYTES = 64 << 20
 """Decode rows are gathered in groups whose K+V stay under this size (bounded memory). Fewer,
@@ -53,7 +48,6 @@ class CpuAttentionBackend(AttentionBackend):
         self.kernels = load_kernels() if kernels is None else kernels
         window = spec.sliding_window
         self._window = -1 if window is None else int(window)
-        self._long_chunk_rows: tuple = (None, [])  # (the step's metadata, its long chunks)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         s = self.spec
@@ -90,12 +84,9 @@ class CpuAttentionBackend(AttentionBackend):
         return out
 
     def _forward_compiled(self, ops, query, key, value, kv_cache, metadata, num_tokens):
-        """The compiled kernel writes the K/V and attends every request but those with more than
-        ``SDPA_MIN_QUERY_LEN`` new tokens: long prefill chunks go to SDPA (a blocked GEMM
-        kernel, faster there than the kernel's per-row loops), reading the K/V just written."""
+        """The compiled kernel writes the K/V and attends every request, in one call."""
         out = torch.empty_like(query)
         out[num_tokens:].zero_()
-        long_chunks = metadata.max_query_len > SDPA_MIN_QUERY_LEN
         ops.paged_attention(
             out,
             query,
@@ -109,11 +100,7 @@ class CpuAttentionBackend(AttentionBackend):
             self.spec.scale,
             self._window,
             num_tokens,
-            SDPA_MIN_QUERY_LEN if long_chunks else 0,
         )
-        if long_chunks:
-            chunks = self._long_chunks(metadata)
-            self._prefill_chunks(out, query, key, value, kv_cache, metadata, chunks)
         return out
 
     def _prefill_chunks(self, out, query, key, value, kv_cache, metadata, chunks) -> None:
@@ -127,23 +114,6 @@ class CpuAttentionBackend(AttentionBackend):
                 metadata.block_table[row],
                 seq_len,
             )
-
-    def _long_chunks(self, metadata: AttentionMetadata) -> list[tuple[int, int, int, int]]:
-        """``(row, start, end, seq_len)`` of the requests with more than ``SDPA_MIN_QUERY_LEN``
-        new tokens, derived once per step (every layer of the model shares this backend and the
-        step's metadata object)."""
-        cached_for, rows = self._long_chunk_rows
-        if cached_for is metadata:
-            return rows
-        starts = metadata.query_start_loc.tolist()
-        seq_lens = metadata.seq_lens.tolist()
-        rows = [
-            (row, starts[row], starts[row + 1], seq_lens[row])
-            for row in range(metadata.num_reqs)
-            if starts[row + 1] - starts[row] > SDPA_MIN_QUERY_LEN
-        ]
-        self._long_chunk_rows = (metadata, rows)
-        return rows
 
     def _gather_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         if self._workspace.numel() < numel or self._workspace.dtype != dtype:
