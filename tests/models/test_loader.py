@@ -186,7 +186,7 @@ def test_tiny_model_tokenizer_covers_the_vocabulary(tiny_models):
     assert tokenizer.decode([511])  # filler ids decode to something
 
 
-def test_generic_tokenizer_is_loaded_as_auto_tokenizer_loads_it(tiny_models, llama_copy):
+def test_generic_tokenizer_is_loaded_as_auto_tokenizer_loads_it(llama_copy):
     """A folder naming the generic tokenizer.json class skips AutoTokenizer (which reads the model
     config first) and gets the very tokenizer AutoTokenizer builds; other classes still go
     through AutoTokenizer."""

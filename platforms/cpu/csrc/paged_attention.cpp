@@ -106,9 +106,9 @@ struct Scratch {
   }
 };
 
-// R query rows (the query heads of one KV head at one position: they see the same tokens)
-// against one group of nb blocks (nb * n tokens, n = block_size), of which tokens [lo, hi)
-// (group offsets) are visible: scores from each block's K tile kt[j][D][n], one online-softmax
+// R query rows (query heads of one KV head, at one or a few consecutive positions) against one
+// group of nb blocks (nb * n tokens, n = block_size), of which row g sees tokens [lo[g], hi[g])
+// (group offsets; none when lo[g] >= hi[g]): scores from each block's K tile kt[j][D][n], one online-softmax
 // update per row, and the V rows vf[j][n][D] accumulated. Each K and V vector is loaded once for
 // all R rows, and every sum has at least two independent chains (R rows, or two halves of the
 // loop), so the FMAs overlap instead of waiting on each other's latency; sums stay in registers
