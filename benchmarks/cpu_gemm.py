@@ -1,6 +1,8 @@
-"""Time the linear layers of the benchmark models three ways on the host CPU: torch's matmul
-(``F.linear``), oneDNN with the weight reordered once (``mkldnn._linear_pointwise``), and MKL
-with the weight packed once (``mkl._mkl_linear``, fp32 only).
+"""Time the linear layers of the benchmark models four ways on the host CPU: torch's matmul
+(``F.linear``), oneDNN with the weight reordered once (``mkldnn._linear_pointwise``), MKL
+with the weight packed once (``mkl._mkl_linear``, fp32 only), and the cpu platform's compiled
+GEMM over its packed column panels (``compiled``: float32 arithmetic, so for bf16 it is the
+widened product a host without native bf16 runs).
 
     .venv/bin/python benchmarks/cpu_gemm.py [--model tiny small] [--tokens 1 16 128 1024]
         [--repeats 9] [--threads N]
@@ -13,12 +15,15 @@ printed in microseconds, with each variant's speed-up over F.linear.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 from models import MODEL_DTYPES, MODEL_SPECS  # benchmarks/models.py
+
+from octavo_cpu.gemm import compiled_packer
 
 
 def projections(spec) -> dict[str, tuple[int, int]]:
@@ -47,6 +52,9 @@ def variants(weight: torch.Tensor, x: torch.Tensor) -> dict:
         out["mkl packed"] = lambda: torch.ops.mkl._mkl_linear(
             x, mkl_packed, weight, None, x.shape[0]
         )
+    pack = compiled_packer(weight.dtype, widened=(weight.dtype,))
+    if pack is not None:
+        out["compiled"] = functools.partial(pack(weight), x)
     return out
 
 

@@ -29,6 +29,7 @@ SOURCES = [
     "csrc/activation.cpp",
     "csrc/rms_norm.cpp",
     "csrc/rotary.cpp",
+    "csrc/gemm.cpp",
 ]
 
 

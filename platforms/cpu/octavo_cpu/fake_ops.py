@@ -31,6 +31,10 @@ def register_fakes(namespace: str) -> None:
     def _silu_and_mul(out, gate, up):
         return None
 
+    @torch.library.register_fake(f"{namespace}::linear")
+    def _linear(out, x, packed):
+        return None
+
     @torch.library.register_fake(f"{namespace}::rotary_embedding")
     def _rotary_embedding(query, key, cos, sin, head_dim):
         return None  # query and key are rotated in place

@@ -1,10 +1,20 @@
-"""The cpu platform's linear layers: oneDNN GEMMs over weights reordered once, at load.
+"""The cpu platform's linear layers: a GEMM over weights packed once, at load.
 
-``torch.ops.mkldnn._reorder_linear_weight`` lays a weight out in oneDNN's blocked format once;
-``_linear_pointwise`` then multiplies without re-packing it every call, as ``F.linear`` does
-(benchmarks/cpu_gemm.py measures both on this host). For bfloat16 the results are the same bits
-as ``F.linear``'s (torch's bfloat16 matmul is oneDNN's); for float32 they differ from MKL's by
-summation order only. ``OCTAVO_CPU_GEMM=torch`` keeps ``F.linear``.
+Three ways, chosen by ``OCTAVO_CPU_GEMM`` (default: the first this host has for the dtype):
+
+- ``compiled``: the platform's own kernel (csrc/gemm.cpp) over float32 weights packed into
+  column panels. Its sums run in one fixed order per output, so a row's result does not depend
+  on the batch around it. For a model whose dtype this CPU has no native matmul for (bfloat16
+  without AVX512-BF16: ``Capabilities.widened_matmul_dtypes``) the weights are packed widened to
+  float32 and each product is rounded back, the numbers ``octavo.models.layers.widen`` gives.
+  On the decode steps' few rows it streams the weights about twice as fast as oneDNN does, and
+  it keeps up with oneDNN on prefill's many rows (benchmarks/cpu_gemm.py).
+- ``onednn``: ``torch.ops.mkldnn._reorder_linear_weight`` lays a weight out in oneDNN's blocked
+  format once; ``_linear_pointwise`` multiplies without re-packing it every call, as
+  ``F.linear`` does. For bfloat16 the results are the same bits as ``F.linear``'s (torch's
+  bfloat16 matmul is oneDNN's); for float32 they differ from MKL's by summation order only. The
+  default for bfloat16 on CPUs with native bfloat16, and without the compiled kernels.
+- ``torch``: ``F.linear`` (no packer).
 """
 
 from __future__ import annotations
@@ -15,17 +25,66 @@ from typing import Callable, Optional
 import torch
 
 from octavo.platform import LinearPacker
+from octavo_cpu.kernels import load_kernels
 
 GEMM_ENV = "OCTAVO_CPU_GEMM"
+CHOICES = ("compiled", "onednn", "torch")
 BATCH_HINT = 64  # the rows oneDNN's reorder is tuned for (a hint: any row count works)
 
 
-def linear_packer(dtype: torch.dtype) -> Optional[LinearPacker]:
-    """The packer for ``dtype``'s linear layers, or None (``F.linear``)."""
-    choice = os.environ.get(GEMM_ENV, "onednn").strip().lower()
-    if choice not in ("onednn", "torch"):
-        raise ValueError(f"{GEMM_ENV}={choice!r}: use onednn or torch")
-    if choice == "torch" or not torch.backends.mkldnn.is_available():
+def linear_packer(
+    dtype: torch.dtype, widened: tuple[torch.dtype, ...] = ()
+) -> Optional[LinearPacker]:
+    """The packer for ``dtype``'s linear layers, or None (``F.linear``). ``widened``: the dtypes
+    this CPU multiplies in float32 (see ``slow_matmul_dtypes``)."""
+    raw = os.environ.get(GEMM_ENV, "").strip().lower()
+    if raw and raw not in CHOICES:
+        raise ValueError(f"{GEMM_ENV}={raw!r}: use {', '.join(CHOICES)} (or leave it unset)")
+    if raw == "torch":
+        return None
+    compiled = compiled_packer(dtype, widened)
+    if raw == "compiled":
+        if compiled is None:
+            raise ValueError(
+                f"{GEMM_ENV}=compiled, but the compiled GEMM does not run here for {dtype} "
+                f"({load_kernels().path} kernels; it needs them, and float32 or a widened dtype):"
+                " unset it or pick onednn"
+            )
+        return compiled
+    if raw == "" and compiled is not None:
+        return compiled
+    return onednn_packer(dtype)
+
+
+def compiled_packer(
+    dtype: torch.dtype, widened: tuple[torch.dtype, ...] = ()
+) -> Optional[LinearPacker]:
+    """The compiled kernel's packer for ``dtype``, or None where it does not run (no compiled
+    kernels, or a dtype it does not compute in float32)."""
+    ops = load_kernels().ops
+    if ops is None or (dtype != torch.float32 and dtype not in widened):
+        return None
+
+    def pack(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        packed = ops.pack_linear_weight(weight)
+        out_features, in_features = weight.shape
+
+        def product(x: torch.Tensor) -> torch.Tensor:
+            rows = x.reshape(-1, in_features)
+            if rows.dtype != torch.float32:
+                rows = rows.float()
+            out = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+            ops.linear(out, rows.contiguous(), packed)
+            return out.view(*x.shape[:-1], out_features).to(x.dtype)
+
+        return product
+
+    return pack
+
+
+def onednn_packer(dtype: torch.dtype) -> Optional[LinearPacker]:
+    """oneDNN's packer for ``dtype``, or None where oneDNN has no native GEMM for it."""
+    if not torch.backends.mkldnn.is_available():
         return None
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None  # no native bfloat16: the layers are widened to float32 instead

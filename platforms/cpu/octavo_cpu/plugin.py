@@ -132,7 +132,7 @@ def octavo_silu_and_mul(platform):
 @hookimpl
 def octavo_linear_packer(platform, dtype):
     if _mine(platform):
-        return linear_packer(dtype)
+        return linear_packer(dtype, widened=slow_matmul_dtypes())
 
 
 @hookimpl

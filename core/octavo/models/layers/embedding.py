@@ -76,7 +76,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[S, hidden]`` -> logits ``[S, vocab]`` in the weight's dtype."""
-        if self.packed is not None:
+        if self.packed is not None and self.widened_weight is not None:
+            logits = self.packed(hidden_states.float()).to(self.weight.dtype)
+        elif self.packed is not None:
             logits = self.packed(hidden_states)
         elif self.widened_weight is None:
             logits = F.linear(hidden_states, self.weight)

@@ -1,9 +1,11 @@
 """Linear layers multiplied by the platform's own GEMM over weights it packed once, at load.
 
-A platform that offers ``octavo_linear_packer`` for the model's dtype (the cpu platform: oneDNN
-with the weight reordered into its blocked layout) gets each weight once, after loading; every
-product then calls the packed function instead of ``F.linear``. Layers that already delegate
-their products (quantised or widened ones) are left alone.
+A platform that offers ``octavo_linear_packer`` for the model's dtype (the cpu platform: its
+compiled GEMM over column panels, or oneDNN's blocked layout) gets each weight once, after
+loading; every product then calls the packed function instead of ``F.linear``. Quantised layers
+are left alone. Widened layers (:mod:`octavo.models.layers.widen`: float32 weights of a
+low-precision model) are packed from their float32 weights and keep their arithmetic: the
+product in float32, the bias added in float32, the result rounded to the activations' dtype.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from octavo.models.layers.linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
 )
+from octavo.models.layers.widen import WidenedMatmul
 from octavo.platform.types import LinearPacker
 
 Product = Callable[[torch.Tensor], torch.Tensor]
@@ -29,6 +32,7 @@ class PackedMatmul:
 
     def __init__(self, layer: nn.Module, pack: LinearPacker) -> None:
         self._pack = pack
+        self.widened = isinstance(layer.quant_method, WidenedMatmul)  # float32 weights
         self._products: dict[tuple[int, int], Product] = {}
         weight = layer.weight.detach()
         ranges = [(0, weight.shape[0])]
@@ -44,6 +48,9 @@ class PackedMatmul:
         if product is None:  # a row range not packed at load: pack it once now
             product = self._pack(layer.weight.detach().narrow(0, start, size))
             self._products[(start, size)] = product
+        if self.widened:
+            out = product(x.float())
+            return (out if bias is None else out + bias).to(x.dtype)
         out = product(x)
         return out if bias is None else out + bias
 
@@ -56,8 +63,9 @@ def pack_linears(model: nn.Module, pack: Optional[LinearPacker]) -> nn.Module:
         return model
     for layer in model.modules():
         linear = isinstance(layer, (ColumnParallelLinear, RowParallelLinear))
-        if linear and layer.quant_method is None:
+        if linear and (layer.quant_method is None or isinstance(layer.quant_method, WidenedMatmul)):
             layer.quant_method = PackedMatmul(layer, pack)
-        elif isinstance(layer, ParallelLMHead) and layer.widened_weight is None:
-            layer.packed = pack(layer.weight.detach())
+        elif isinstance(layer, ParallelLMHead):
+            weight = layer.weight if layer.widened_weight is None else layer.widened_weight
+            layer.packed = pack(weight.detach())
     return model

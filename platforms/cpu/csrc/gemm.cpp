@@ -1,0 +1,248 @@
+// Linear layers in float32: y[M, N] = x[M, K] @ W[N, K]^T over W packed once, at load.
+//
+// The packed weight is [P, K, NR]: panel p holds output columns [p * NR, p * NR + NR) (the last
+// one zero-padded), column-interleaved per k, so a panel streams through memory once, in order.
+// NR is two vector registers (16 columns on AVX2, 32 on AVX-512).
+//
+// Every output element is one chain of fused multiply-adds over k = 0, 1, ..., K - 1, starting
+// from zero, whatever the row count and however rows and panels are tiled and split among
+// threads: a row's result does not depend on the other rows of the batch (batch invariance).
+//
+// Decode steps have few rows and are bound by streaming the weights from memory; prefill has
+// many rows and is bound by arithmetic. Tiles: up to kRowTile rows against one panel (the panel
+// stays in L1 while the rows pass over it), and for the last few rows (or a 1-row decode) fewer
+// rows against several panels, so there are always about a dozen independent FMA chains for the
+// two FMA units to overlap. Threads split the work by panel groups (each thread streams its own
+// part of the weight) and, for many rows, by chunks of rows.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#ifndef OCTAVO_CPU_NAMESPACE
+#error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
+#endif
+
+namespace {
+
+// Explicit intrinsics (not at::vec's wrapper): GCC keeps an array of __m256 / __m512 in
+// registers once its loops are unrolled, but not an array of wrapper objects.
+#if defined(CPU_CAPABILITY_AVX512)
+using Reg = __m512;
+constexpr int64_t kLanes = 16;
+inline Reg load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+inline Reg broadcast(float x) { return _mm512_set1_ps(x); }
+inline Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+#else
+using Reg = __m256;
+constexpr int64_t kLanes = 8;
+inline Reg load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+inline Reg broadcast(float x) { return _mm256_set1_ps(x); }
+inline Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+constexpr int64_t kPanel = 2 * kLanes;  // NR: output columns per panel
+constexpr int kRowTile = 6;             // 12 accumulators + 2 weight registers + 1 broadcast
+constexpr int64_t kGroupPanels = 4;     // panels per work item
+constexpr int64_t kChunkRows = 96;      // about as many rows per work item (they stay in L2)
+
+// R rows of x against NP consecutive panels at w; y gets the first `columns` of the tile's
+// NP * kPanel outputs (fewer at the weight's last panel).
+template <int R, int NP>
+inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t columns) {
+  Reg acc[R][NP][2];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = broadcast(0.f);
+  }
+  const int64_t panel_stride = K * kPanel;
+  for (int64_t k = 0; k < K; ++k) {
+    Reg lo[NP], hi[NP];
+    for (int p = 0; p < NP; ++p) {
+      lo[p] = load(w + p * panel_stride + k * kPanel);
+      hi[p] = load(w + p * panel_stride + k * kPanel + kLanes);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Reg xv = broadcast(x[r * K + k]);
+      for (int p = 0; p < NP; ++p) {
+        acc[r][p][0] = fma(xv, lo[p], acc[r][p][0]);
+        acc[r][p][1] = fma(xv, hi[p], acc[r][p][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      float* dst = y + r * N + p * kPanel;
+      const int64_t left = columns - p * kPanel;
+      if (left >= kPanel) {
+        store(dst, acc[r][p][0]);
+        store(dst + kLanes, acc[r][p][1]);
+      } else if (left > 0) {
+        float buffer[kPanel];
+        store(buffer, acc[r][p][0]);
+        store(buffer + kLanes, acc[r][p][1]);
+        std::copy(buffer, buffer + left, dst);
+      }
+    }
+  }
+}
+
+// kRowTile rows of x packed as xt[K][kRowTile] (the broadcasts read one stream) against one panel.
+inline void full_tile(const float* xt, int64_t K, const float* w, float* y, int64_t N,
+                      int64_t columns) {
+  Reg acc[kRowTile][2];
+  for (int r = 0; r < kRowTile; ++r) acc[r][0] = acc[r][1] = broadcast(0.f);
+  for (int64_t k = 0; k < K; ++k) {
+    const Reg lo = load(w + k * kPanel), hi = load(w + k * kPanel + kLanes);
+    for (int r = 0; r < kRowTile; ++r) {
+      const Reg xv = broadcast(xt[k * kRowTile + r]);
+      acc[r][0] = fma(xv, lo, acc[r][0]);
+      acc[r][1] = fma(xv, hi, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < kRowTile; ++r) {
+    float* dst = y + r * N;
+    if (columns >= kPanel) {
+      store(dst, acc[r][0]);
+      store(dst + kLanes, acc[r][1]);
+    } else {
+      float buffer[kPanel];
+      store(buffer, acc[r][0]);
+      store(buffer + kLanes, acc[r][1]);
+      std::copy(buffer, buffer + columns, dst);
+    }
+  }
+}
+
+// Panels per tile for a tile of `rows` rows: about a dozen accumulators in all.
+constexpr int64_t panels_for(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
+
+// `rows` (< kRowTile) rows against `np` panels, in tiles of panels_for(rows) panels.
+void few_rows(int64_t rows, const float* x, int64_t K, const float* w, int64_t np, float* y,
+              int64_t N, int64_t columns) {
+  const int64_t step = panels_for(rows);
+  for (int64_t p = 0; p < np; p += step) {
+    const int64_t n = std::min(step, np - p);
+    const float* wp = w + p * K * kPanel;
+    float* yp = y + p * kPanel;
+    const int64_t c = columns - p * kPanel;
+#define OCTAVO_TILE(R, NP) tile<R, NP>(x, K, wp, yp, N, c)
+    switch (rows * 8 + n) {
+      case 1 * 8 + 4: OCTAVO_TILE(1, 4); break;
+      case 1 * 8 + 3: OCTAVO_TILE(1, 3); break;
+      case 1 * 8 + 2: OCTAVO_TILE(1, 2); break;
+      case 1 * 8 + 1: OCTAVO_TILE(1, 1); break;
+      case 2 * 8 + 3: OCTAVO_TILE(2, 3); break;
+      case 2 * 8 + 2: OCTAVO_TILE(2, 2); break;
+      case 2 * 8 + 1: OCTAVO_TILE(2, 1); break;
+      case 3 * 8 + 2: OCTAVO_TILE(3, 2); break;
+      case 3 * 8 + 1: OCTAVO_TILE(3, 1); break;
+      case 4 * 8 + 1: OCTAVO_TILE(4, 1); break;
+      case 5 * 8 + 1: OCTAVO_TILE(5, 1); break;
+      default: TORCH_CHECK(false, "gemm: no tile for ", rows, " rows x ", n, " panels");
+    }
+#undef OCTAVO_TILE
+  }
+}
+
+// packed[P, K, kPanel] from weight[N, K] (any floating dtype, widened to float32).
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "pack_linear_weight: weight must be [out_features, in_features]");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t P = (N + kPanel - 1) / kPanel;
+  const at::Tensor w = weight.to(at::kFloat).contiguous();
+  at::Tensor packed = at::zeros({P, K, kPanel}, w.options());
+  const float* src = w.data_ptr<float>();
+  float* dst = packed.data_ptr<float>();
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
+        const float* row = src + (p * kPanel + j) * K;
+        for (int64_t k = 0; k < K; ++k) dst[(p * K + k) * kPanel + j] = row[k];
+      }
+    }
+  });
+  return packed;
+}
+
+// out[M, N] = x[M, K] @ weight^T, weight given packed (pack_linear_weight).
+void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2, "linear: x and out must be 2-D");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  packed.scalar_type() == at::kFloat,
+              "linear: float32 x, out and packed weight");
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && packed.is_contiguous(),
+              "linear: contiguous x, out and packed weight");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel,
+              "linear: the weight was packed by another build (panel width ", packed.size(2),
+              ", this one ", kPanel, ")");
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1), P = packed.size(0);
+  TORCH_CHECK(packed.size(1) == K && out.size(0) == M && (N + kPanel - 1) / kPanel == P,
+              "linear: x [", M, ", ", K, "], out [", M, ", ", N, "] and the packed weight ",
+              packed.sizes(), " do not match");
+  if (M == 0 || N == 0) return;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  // Rows in chunks of about kChunkRows (equal ones, whole row tiles), panels in groups; the
+  // threads claim (chunk, group) items in turn, so an uneven split costs at most one item.
+  const int64_t chunks = (M + kChunkRows - 1) / kChunkRows;
+  const int64_t chunk_rows = ((M + chunks - 1) / chunks + kRowTile - 1) / kRowTile * kRowTile;
+  const int64_t groups = (P + kGroupPanels - 1) / kGroupPanels;
+  const int64_t num_items = ((M + chunk_rows - 1) / chunk_rows) * groups;
+  // The rows of each whole row tile, packed once as [K][kRowTile], so that a tile's broadcasts
+  // read one stream instead of kRowTile rows.
+  const int64_t tiles = M / kRowTile;
+  // The calling thread's buffer, kept between calls (no page faults per call); the workers use
+  // it through this pointer (each thread has its own thread_local).
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < tiles * kRowTile * K) {
+    buffer.resize(tiles * kRowTile * K);
+  }
+  float* xt = buffer.data();
+  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* dst = xt + t * kRowTile * K;
+      for (int r = 0; r < kRowTile; ++r) {
+        const float* src = xp + (t * kRowTile + r) * K;
+        for (int64_t k = 0; k < K; ++k) dst[k * kRowTile + r] = src[k];
+      }
+    }
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t item = next++; item < num_items; item = next++) {
+      const int64_t m0 = item / groups * chunk_rows, m1 = std::min(M, m0 + chunk_rows);
+      const int64_t p0 = item % groups * kGroupPanels, np = std::min(kGroupPanels, P - p0);
+      const int64_t full = m0 + (m1 - m0) / kRowTile * kRowTile;
+      for (int64_t p = p0; p < p0 + np; ++p) {  // each panel stays in L1 across the row tiles
+        for (int64_t m = m0; m < full; m += kRowTile) {
+          full_tile(xt + m * K, K, wp + p * K * kPanel, yp + m * N + p * kPanel, N,
+                    N - p * kPanel);
+        }
+      }
+      if (full < m1) {
+        few_rows(m1 - full, xp + full * K, K, wp + p0 * K * kPanel, np,
+                 yp + full * N + p0 * kPanel, N, N - p0 * kPanel);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
+  m.def("pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("linear(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
+  m.impl("pack_linear_weight", c10::DispatchKey::CPU, &pack_linear_weight);
+  m.impl("linear", c10::DispatchKey::CPU, &linear);
+}
