@@ -160,3 +160,12 @@ def test_without_a_packer_the_model_is_left_alone():
     layer = RowParallelLinear(4, 4, bias=False, dtype=torch.float32, device="cpu")
     pack_linears(torch.nn.Sequential(layer), None)
     assert layer.quant_method is None
+
+
+def test_octavo_env_names_the_gemm(monkeypatch):
+    from octavo_cpu import plugin
+
+    monkeypatch.delenv(gemm.GEMM_ENV, raising=False)
+    assert f"GEMM: {gemm.describe_gemm()}" in plugin.octavo_platform_detect().reason
+    monkeypatch.setenv(gemm.GEMM_ENV, "onednn")
+    assert "GEMM: onednn (OCTAVO_CPU_GEMM)" in plugin.octavo_platform_detect().reason

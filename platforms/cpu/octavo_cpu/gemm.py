@@ -56,6 +56,20 @@ def linear_packer(
     return onednn_packer(dtype)
 
 
+def describe_gemm() -> str:
+    """Which GEMM the linear layers run, for ``octavo env``."""
+    raw = os.environ.get(GEMM_ENV, "").strip().lower()
+    if raw:
+        return f"{raw} ({GEMM_ENV})"
+    try:
+        compiled = load_kernels().ops is not None
+    except ValueError as exc:  # a bad OCTAVO_CPU_KERNELS: refused when an engine starts
+        return f"not usable: {exc}"
+    if compiled:
+        return "compiled (oneDNN for bfloat16 where the CPU has it natively)"
+    return "oneDNN (no compiled kernels)"
+
+
 def compiled_packer(
     dtype: torch.dtype, widened: tuple[torch.dtype, ...] = ()
 ) -> Optional[LinearPacker]:

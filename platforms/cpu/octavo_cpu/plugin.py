@@ -14,7 +14,7 @@ from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
-from octavo_cpu.gemm import linear_packer
+from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
@@ -40,7 +40,8 @@ def octavo_platform_detect() -> PlatformInfo:
         priority=0,
         reason=(
             f"always available: torch {torch.__version__} on {psutil.cpu_count()} CPU cores; "
-            f"kernels: {describe_kernels()}; threads: {describe_threads()}"
+            f"kernels: {describe_kernels()}; GEMM: {describe_gemm()}; "
+            f"threads: {describe_threads()}"
         ),
     )
 
