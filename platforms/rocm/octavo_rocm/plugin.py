@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from octavo.platform import RMSNormFn, SamplerFn
-from octavo_rocm import rms_norm, sampler
 from octavo_rocm.tuning import NUM_COMPUTE_UNITS, TUNING, WARP_SIZE
 from octavo_triton import runtime
 from octavo_triton.gpu_platform import GpuPlatform, TritonGpuPlugin
@@ -34,6 +33,8 @@ def wrong_build() -> str | None:
 
 def make_rms_norm(hidden_size: int, eps: float, tuning: GpuTuning) -> RMSNormFn:
     """The persistent AITER-style RMSNorm: one program per compute unit walks the rows."""
+    from octavo_rocm import rms_norm  # Triton kernels: imported when the platform runs
+
     return rms_norm.make_rms_norm(
         hidden_size, eps, tuning.rows.max_block, NUM_COMPUTE_UNITS, WARP_SIZE
     )
@@ -42,6 +43,8 @@ def make_rms_norm(hidden_size: int, eps: float, tuning: GpuTuning) -> RMSNormFn:
 def make_sampler(vocab_size: int, tuning: GpuTuning) -> SamplerFn:
     """Split-vocabulary sampling for unfiltered batches (fills 304 compute units), the shared
     filtering kernel with wave64 chunks otherwise."""
+    from octavo_rocm import sampler  # Triton kernels: imported when the platform runs
+
     return sampler.make_sampler(vocab_size, tuning.sampler)
 
 

@@ -9,6 +9,10 @@ Both platforms compute on what torch calls ``"cuda"`` devices (ROCm builds of to
 devices so), with the ``"nccl"`` process-group backend (RCCL on ROCm). Under the Triton
 interpreter (``runtime.emulated``) a platform reports ``device_type="cpu"`` and runs every kernel
 on CPU tensors: no graphs, ``gloo``, host memory, nothing pinned.
+
+The kernel modules (Triton, and the parsing of every ``@triton.jit`` source) are imported by the
+kernel hooks, when the platform is the one chosen: a host where it is installed but not usable
+(the cpu platform's machines) does not pay for them at every start-up.
 """
 
 from __future__ import annotations
@@ -23,12 +27,6 @@ import torch
 from octavo.distributed.communicator import TorchDistributedCommunicator
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, RMSNormFn, SamplerFn, hookimpl
 from octavo_triton import runtime
-from octavo_triton.attention import TritonAttentionBackend
-from octavo_triton.bitmask import make_apply_token_bitmask
-from octavo_triton.fp8 import make_scaled_mm
-from octavo_triton.rejection_sampler import make_rejection_sampler
-from octavo_triton.rms_norm import make_rms_norm
-from octavo_triton.sampler import make_sampler
 from octavo_triton.tuning import GpuTuning
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -39,11 +37,15 @@ PRIORITY = 20
 
 def shared_rms_norm(hidden_size: int, eps: float, tuning: GpuTuning) -> RMSNormFn:
     """The shared fused residual add + RMSNorm with the platform's row tiles."""
+    from octavo_triton.rms_norm import make_rms_norm
+
     return make_rms_norm(hidden_size, eps, tuning.rows)
 
 
 def shared_sampler(vocab_size: int, tuning: GpuTuning) -> SamplerFn:
     """The shared sort-free sampler with the platform's chunks."""
+    from octavo_triton.sampler import make_sampler
+
     return make_sampler(vocab_size, tuning.sampler)
 
 
@@ -159,6 +161,8 @@ class TritonGpuPlugin:
     @hookimpl
     def octavo_attention_backend(self, platform, spec):
         if self.mine(platform):
+            from octavo_triton.attention import TritonAttentionBackend
+
             backend = TritonAttentionBackend(spec, self.gpu.tuning.attention_for(spec.head_dim))
             backend.name = f"{self.gpu.name}-triton"
             return backend
@@ -176,15 +180,21 @@ class TritonGpuPlugin:
     @hookimpl
     def octavo_apply_token_bitmask(self, platform):
         if self.mine(platform):
+            from octavo_triton.bitmask import make_apply_token_bitmask
+
             return make_apply_token_bitmask(self.gpu.tuning.rows)
 
     @hookimpl
     def octavo_scaled_mm(self, platform):
         if self.mine(platform):
+            from octavo_triton.fp8 import make_scaled_mm
+
             widen = not self.emulated(platform) and self.gpu.widen_fp8()
             return make_scaled_mm(self.gpu.tuning.matmul, widen=widen)
 
     @hookimpl
     def octavo_rejection_sampler(self, platform):
         if self.mine(platform):
+            from octavo_triton.rejection_sampler import make_rejection_sampler
+
             return make_rejection_sampler(self.gpu.tuning.sampler)
