@@ -3,6 +3,8 @@ losers, and messages that name what detection found."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 
 import pluggy
@@ -192,3 +194,22 @@ def test_an_implementation_with_an_unknown_argument_is_rejected():
         create_plugin_manager(
             plugins=[("bad", types.SimpleNamespace(octavo_sampler=octavo_sampler))]
         )
+
+
+def test_loading_the_gpu_plugins_imports_no_kernels():
+    """Start-up on a host without their GPUs: loading and detecting every installed platform
+    imports neither Triton nor the Triton platforms' kernel modules (their kernel hooks import
+    them once the platform is chosen). A fresh interpreter, so nothing else imported them first."""
+    if not {"cuda", "rocm"} & set(plugin_records(create_plugin_manager())):
+        pytest.skip("the Triton GPU platforms are not installed")
+    code = (
+        "import sys\n"
+        "from octavo.platform import create_plugin_manager\n"
+        "from octavo.platform.selection import detect_platforms\n"
+        "detect_platforms(create_plugin_manager())\n"
+        "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith(('triton.', "
+        "'octavo_triton.attention', 'octavo_triton.sampler', 'octavo_rocm.rms_norm'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
