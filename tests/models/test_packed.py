@@ -174,3 +174,5 @@ def test_octavo_env_names_the_gemm(monkeypatch):
     assert f"GEMM: {gemm.describe_gemm()}" in plugin.octavo_platform_detect().reason
     monkeypatch.setenv(gemm.GEMM_ENV, "onednn")
     assert "GEMM: onednn (OCTAVO_CPU_GEMM)" in plugin.octavo_platform_detect().reason
+    monkeypatch.setenv(gemm.GEMM_ENV, "blas")
+    assert "GEMM: not usable: OCTAVO_CPU_GEMM='blas'" in plugin.octavo_platform_detect().reason

@@ -7,7 +7,7 @@ Three ways, chosen by ``OCTAVO_CPU_GEMM`` (default: the first this host has for 
   on the batch around it. For a model whose dtype this CPU has no native matmul for (bfloat16
   without AVX512-BF16: ``Capabilities.widened_matmul_dtypes``) the weights are packed widened to
   float32 and each product is rounded back, the numbers ``octavo.models.layers.widen`` gives.
-  On the decode steps' few rows it streams the weights about twice as fast as oneDNN does, and
+  On the decode steps' few rows it streams the weights x1.2-x1.8 faster than oneDNN does, and
   it keeps up with oneDNN on prefill's many rows (benchmarks/cpu_gemm.py).
 - ``onednn``: ``torch.ops.mkldnn._reorder_linear_weight`` lays a weight out in oneDNN's blocked
   format once; ``_linear_pointwise`` multiplies without re-packing it every call, as
@@ -32,14 +32,20 @@ CHOICES = ("compiled", "onednn", "torch")
 BATCH_HINT = 64  # the rows oneDNN's reorder is tuned for (a hint: any row count works)
 
 
+def gemm_choice() -> str:
+    """``OCTAVO_CPU_GEMM``, checked: one of CHOICES, or "" (unset: the default)."""
+    raw = os.environ.get(GEMM_ENV, "").strip().lower()
+    if raw and raw not in CHOICES:
+        raise ValueError(f"{GEMM_ENV}={raw!r}: use {', '.join(CHOICES)} (or leave it unset)")
+    return raw
+
+
 def linear_packer(
     dtype: torch.dtype, widened: tuple[torch.dtype, ...] = ()
 ) -> Optional[LinearPacker]:
     """The packer for ``dtype``'s linear layers, or None (``F.linear``). ``widened``: the dtypes
     this CPU multiplies in float32 (see ``slow_matmul_dtypes``)."""
-    raw = os.environ.get(GEMM_ENV, "").strip().lower()
-    if raw and raw not in CHOICES:
-        raise ValueError(f"{GEMM_ENV}={raw!r}: use {', '.join(CHOICES)} (or leave it unset)")
+    raw = gemm_choice()
     if raw == "torch":
         return None
     compiled = compiled_packer(dtype, widened)
@@ -58,13 +64,13 @@ def linear_packer(
 
 def describe_gemm() -> str:
     """Which GEMM the linear layers run, for ``octavo env``."""
-    raw = os.environ.get(GEMM_ENV, "").strip().lower()
+    try:
+        raw = gemm_choice()
+        compiled = load_kernels().ops is not None
+    except ValueError as exc:  # a bad setting: refused when an engine starts
+        return f"not usable: {exc}"
     if raw:
         return f"{raw} ({GEMM_ENV})"
-    try:
-        compiled = load_kernels().ops is not None
-    except ValueError as exc:  # a bad OCTAVO_CPU_KERNELS: refused when an engine starts
-        return f"not usable: {exc}"
     if compiled:
         return "compiled (oneDNN for bfloat16 where the CPU has it natively)"
     return "oneDNN (no compiled kernels)"
