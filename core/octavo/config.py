@@ -144,6 +144,7 @@ class EngineArgs:
     master_port: Optional[int] = None  # None: MASTER_PORT, else a free port (one node)
     quantization: Optional[str] = None
     enforce_eager: bool = True
+    compile_cache_dir: Optional[str] = None  # --no-enforce-eager's compiled graphs on disk
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
     speculative_config: Optional[SpeculativeConfig] = None  # or vLLM's dict / its JSON text
@@ -284,7 +285,7 @@ class EngineArgs:
         group.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES)
         add_parallel_args(group)
         group.add_argument("--quantization", "-q", default=None, choices=[None, *QUANTIZATIONS])
-        group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+        add_compile_args(group)
         group.add_argument(
             "--generation-config",
             default="auto",
@@ -353,4 +354,21 @@ def add_parallel_args(group) -> None:
         type=int,
         default=None,
         help="the rendezvous port (default: MASTER_PORT, else a free port on one node)",
+    )
+
+
+def add_compile_args(group) -> None:
+    """``--enforce-eager`` / ``--no-enforce-eager`` and where compiled graphs are kept."""
+    group.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the model eagerly (the default); --no-enforce-eager compiles its forward "
+        "with torch.compile where the platform supports it (about a minute the first time)",
+    )
+    group.add_argument(
+        "--compile-cache-dir",
+        default=None,
+        help="where --no-enforce-eager keeps its compiled graphs for later starts (default: "
+        "TORCHINDUCTOR_CACHE_DIR, else ~/.cache/octavo/torch_compile)",
     )

@@ -58,16 +58,11 @@ def test_more_samples_than_max_num_seqs_take_turns(tiny_model, llm, enable_prefi
     assert sample(small, seed=7, n=5) == sample(llm, seed=7, n=5)
 
 
-def test_flags_that_are_not_implemented_are_refused_or_said(tiny_model, caplog):
-    """A flag is implemented or refused loudly, never accepted and ignored."""
-    import logging
-
+def test_flags_that_are_not_implemented_are_refused_or_said(tiny_model):
+    """A flag is implemented or refused loudly, never accepted and ignored (--no-enforce-eager:
+    tests/engine/test_compiled_graph.py)."""
     from octavo.config import EngineArgs
-    from octavo.engine.engine_core import EngineCore
     from octavo.errors import ConfigError
 
     with pytest.raises(ConfigError, match="does not split evenly over 2 nodes"):
         EngineArgs(model=str(tiny_model), tensor_parallel_size=3, nnodes=2, master_port=1234)
-    with caplog.at_level(logging.WARNING, logger="octavo.engine.engine_core"):
-        EngineCore(EngineArgs(model=str(tiny_model), enforce_eager=False, kv_cache_memory="64MiB"))
-    assert "--no-enforce-eager" in caplog.text and "runs eagerly" in caplog.text

@@ -35,11 +35,6 @@ def resolve_engine(
     as every node of a tensor-parallel run resolves them."""
     overrides = platform.configure(args)
     args = dataclasses.replace(args, **overrides) if overrides else args
-    if not args.enforce_eager:
-        logger.warning(
-            "--no-enforce-eager asks for a compiled graph, which octavo does not build yet: "
-            "the model runs eagerly"
-        )
     model_config = ModelConfig.from_folder(
         args.model,
         dtype=args.dtype,
@@ -53,6 +48,8 @@ def resolve_engine(
         max_num_batched_tokens=args.max_num_batched_tokens,
         quantization=args.quantization,
         speculative_config=args.speculative_config,
+        enforce_eager=args.enforce_eager,
+        compile_cache_dir=args.compile_cache_dir,
     )
     return args, model_config, runner_config
 

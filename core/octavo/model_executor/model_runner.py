@@ -8,6 +8,7 @@ own instead (the ``octavo_model_runner`` hook).
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Union
 
 import numpy as np
@@ -22,7 +23,7 @@ from octavo.model_executor.loader import load_model
 from octavo.model_executor.logprobs import compute_logprobs
 from octavo.model_executor.memory import zeros_on_touch
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.profile import ProfileResult, profile_run
+from octavo.model_executor.profile import ProfileResult, profile_run, warm_up
 from octavo.model_executor.runner_output import ModelRunnerOutput
 from octavo.model_executor.step_inputs import StepInputs
 from octavo.models.layers.attention import Attention
@@ -33,6 +34,8 @@ from octavo.platform.facade import Platform
 from octavo.sched.output import SchedulerOutput
 from octavo.spec_decode.proposer import ProposeContext
 from octavo.spec_decode.speculation import Speculation
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner(BatchRunner):
@@ -66,9 +69,17 @@ class ModelRunner(BatchRunner):
         self.host_kv_caches: list[torch.Tensor] = []
 
     def build_model(self, model_config: ModelConfig):
-        """``(model, forward)``: :meth:`load_model` with the platform's forward for it."""
+        """``(model, forward)``: :meth:`load_model` with the platform's forward for it, compiled
+        when ``--no-enforce-eager`` asks and the platform can (else it says so)."""
         model = self.load_model(model_config)
-        return model, self.platform.graph_runner(model, self.config)
+        forward = self.platform.graph_runner(model, self.config)
+        if not self.config.enforce_eager and not getattr(forward, "compiled", False):
+            logger.warning(
+                "--no-enforce-eager: platform %r builds no compiled graph for this model here; "
+                "the model runs eagerly",
+                self.platform.name,
+            )
+        return model, forward
 
     def load_model(self, model_config: ModelConfig, model_cls: Optional[type] = None):
         """A model (of ``model_cls``, else its config's architecture) of this runner's
@@ -130,6 +141,8 @@ class ModelRunner(BatchRunner):
             else []
         )
         self._bind(self.kv_caches)
+        if getattr(self.forward, "compiled", False):
+            warm_up(self)  # compile the graphs now, not at the first requests
 
     def _bind(self, caches: list[torch.Tensor]) -> None:
         for i, layer in enumerate(self.attention_layers):

@@ -573,7 +573,7 @@ TORCH_LIBRARY(OCTAVO_CPU_NAMESPACE, m) {
   m.def(
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key, Tensor value, Tensor(b!) "
       "kv_cache, Tensor slot_mapping, Tensor block_table, Tensor query_start_loc, "
-      "Tensor seq_lens, float scale, int sliding_window, int num_tokens) "
+      "Tensor seq_lens, float scale, int sliding_window, SymInt num_tokens) "
       "-> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }

@@ -86,7 +86,8 @@ class CpuAttentionBackend(AttentionBackend):
     def _forward_compiled(self, ops, query, key, value, kv_cache, metadata, num_tokens):
         """The compiled kernel writes the K/V and attends every request, in one call."""
         out = torch.empty_like(query)
-        out[num_tokens:].zero_()
+        if num_tokens < query.shape[0]:  # padding rows (never, in a compiled graph's trace)
+            out[num_tokens:].zero_()
         ops.paged_attention(
             out,
             query,

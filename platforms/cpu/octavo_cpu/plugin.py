@@ -7,6 +7,8 @@ on one host, else gloo). This module only wires them."""
 
 from __future__ import annotations
 
+import logging
+
 import psutil
 import torch
 
@@ -14,6 +16,7 @@ from octavo.ops import reference
 from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
+from octavo_cpu.compiled_graph import CompiledForward, compile_cache_dir
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
@@ -25,6 +28,7 @@ from octavo_cpu.threads import StepThreads, ThreadedForward
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
 
 NAME = "cpu"
+logger = logging.getLogger(__name__)
 
 
 def _mine(platform: PlatformInfo) -> bool:
@@ -175,4 +179,16 @@ def octavo_communicator(platform, group):
 @hookimpl
 def octavo_graph_runner(platform, model, config):
     if _mine(platform):
-        return ThreadedForward(model, StepThreads.from_env())
+        forward = model if config.enforce_eager else compiled_forward(model, config)
+        return ThreadedForward(forward, StepThreads.from_env())
+
+
+def compiled_forward(model, config):
+    """The model's forward compiled by inductor (``--no-enforce-eager``), or the model itself
+    where the compiled kernels do not run (the torch path's attention breaks a graph at every
+    layer: the runner then says the model runs eagerly)."""
+    kernels = load_kernels()
+    if kernels.ops is None:
+        logger.info("--no-enforce-eager needs the compiled kernels: %s", kernels.reason)
+        return model
+    return CompiledForward(model, compile_cache_dir(config.compile_cache_dir))

@@ -65,9 +65,10 @@ class ThreadedForward:
     """The model's forward, each step on the threads its size pays for (the thread count stays
     set for the step's logits and sampling, which follow the forward)."""
 
-    def __init__(self, model: torch.nn.Module, threads: StepThreads):
-        self.model = model
+    def __init__(self, model: Any, threads: StepThreads):
+        self.model = model  # the model, or its compiled forward
         self.threads = threads
+        self.compiled = getattr(model, "compiled", False)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: Any):
         wanted = self.threads.for_tokens(input_ids.shape[0])
