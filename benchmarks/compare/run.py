@@ -669,6 +669,23 @@ def tree_rss_mib(pid: int) -> float:
     return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
 
 
+def stop_server_tree(process: subprocess.Popen) -> None:
+    """Stop a server and wait until every process it started has exited too (vLLM's engine core
+    outlives its API server by seconds, freeing GBs), so the next engine starts, and its start-up
+    is timed, on a quiet machine."""
+    import psutil
+
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    stop_server(process)
+    _, alive = psutil.wait_procs(children, timeout=30)
+    for child in alive:
+        child.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
 def start_server(engine: str, command: list[str], args, log: Path):
     """Start a server; (process, base URL, seconds from start to its health check answering 200).
 
@@ -694,7 +711,7 @@ def start_server(engine: str, command: list[str], args, log: Path):
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    stop_server(process)
+    stop_server_tree(process)
     raise RuntimeError(
         f"{engine} server not ready after {args.start_timeout:.0f} s (raise --start-timeout):\n"
         f"{tail(log)}"
@@ -768,7 +785,7 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
     row["bench_command"] = shlex.join(bench)
     status = run_logged(bench, dict(os.environ), work / "bench.log", args.timeout)
     died = process.poll() is not None
-    stop_server(process)
+    stop_server_tree(process)
     if died:
         status = f"the {engine} server died during the benchmark (exit {process.returncode})"
         print(
