@@ -42,9 +42,9 @@ def profile_run(runner: "ModelRunner") -> ProfileResult:
 
 
 WARM_UP_STEPS = ((1, 1), (1,), (32, 32))
-"""The prompt lengths of the warm-up steps: two requests of one token (a small step, traced with
-a batch of more than one so its graph serves a batch of one too), one alone (a small step on the
-other side of a platform's thread cut, if any), and a 64-token step (a large one)."""
+"""The prompt lengths of the warm-up steps: two requests of one token (a small step), one request
+of one token (a single-token step, which a compiled graph may specialise on), and a 64-token
+step (a large one, on all threads where a platform runs small steps on fewer)."""
 
 
 def warm_up(runner: "ModelRunner") -> None:

@@ -205,6 +205,9 @@ def octavo_graph_runner(platform: PlatformInfo, model: Any, config: Any) -> Opti
     under the platform's per-step settings (the cpu platform's thread count). It is called as
     ``forward(input_ids, positions, attn_metadata)`` and returns the hidden states, as the model
     does; the runner then calls ``model.compute_logits`` itself. None runs the model as it is.
+    ``config.enforce_eager`` False (``--no-enforce-eager``) asks for a compiled forward: one has
+    a true ``compiled`` attribute, and the runner warms it up at start-up; a platform that cannot
+    compile returns an eager one, and the runner says the model runs eagerly.
 
     Stops at the first non-None result. Called once after the model is loaded and packed.
     """

@@ -5,8 +5,9 @@ with a dynamic token dimension. The compiled kernels (attention, GEMM, norms, ro
 opaque ops in it (their fake implementations are in :mod:`octavo_cpu.fake_ops`); what the graph
 removes is the Python of ~100 module and op calls a step. Dynamo keys a graph on the number of
 compute threads too, so steps run on one thread and steps run on all of them
-(:mod:`octavo_cpu.threads`) each have their own graph; :func:`octavo.model_executor.warm_up`
-compiles both at start-up, not at the first requests.
+(:mod:`octavo_cpu.threads`) each have their own graph, and single-token steps one more; the
+runner's warm-up (:func:`octavo.model_executor.profile.warm_up`) compiles them at start-up, not
+at the first requests.
 
 Inductor keeps what it compiled on disk (``TORCHINDUCTOR_CACHE_DIR``), so a later start with the
 same model and settings loads it instead of compiling again: ``--compile-cache-dir`` sets the
