@@ -101,4 +101,4 @@ class DraftModelProposer:
         logits = self.model.compute_logits(hidden).float()
         if process_logits is not None:  # a draft whose processing fails is only a worse draft
             logits = process_logits(logits, rows, positions + 1, {})
-        return self.distributions.sample(logits, batch.sampling_metadata(rows))
+        return self.distributions.sample(logits, batch, rows)

@@ -30,14 +30,16 @@ class DraftDistributions:
             return None
         return torch.zeros(len(rows), self.k, self.vocab_size, device=self.device)
 
-    def sample(self, logits: torch.Tensor, metadata: Any) -> tuple[np.ndarray, Any]:
-        """``(drafts, probs)`` from ``logits`` (after the requests' logits processors): greedy
-        rows take the argmax (probs 0), the others sample the drafter's distribution under
-        their temperature, top-k, top-p and min-p."""
-        if metadata.all_greedy:
+    def sample(self, logits: torch.Tensor, batch: Any, rows: np.ndarray) -> tuple[np.ndarray, Any]:
+        """``(drafts, probs)`` for the batch rows ``rows`` from ``logits`` (after the requests'
+        logits processors): greedy rows take the argmax (probs 0), the others sample the
+        drafter's distribution under their temperature, top-k, top-p and min-p. Where every row
+        is greedy no sampling tensors are built (a verify step samples a draft at a time)."""
+        if not batch.temperature[rows].any():
             return logits.argmax(dim=-1).cpu().numpy(), 0.0
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        q = target_distribution(logits, metadata, rows)
+        metadata = batch.sampling_metadata(rows)
+        every_row = torch.arange(logits.shape[0], device=logits.device)
+        q = target_distribution(logits, metadata, every_row)
         noise = reference.exponential_noise(q.shape, metadata, logits.device)
         temperature = metadata.temperature
         sampled = torch.where(temperature > 0, (q / noise).argmax(dim=-1), logits.argmax(dim=-1))

@@ -229,7 +229,7 @@ class EagleProposer:
         logits = logits.float()
         if context.process_logits is not None:  # a failed processing: only a worse draft
             logits = context.process_logits(logits, rows[active], at + 2, {})
-        sampled, q = self.distributions.sample(logits, batch.sampling_metadata(rows[active]))
+        sampled, q = self.distributions.sample(logits, batch, rows[active])
         drafts[active, j] = sampled
         batch.token_ids[rows[active], at + 2] = sampled  # the next step's token, and seen by
         if probs is not None:  # the processors

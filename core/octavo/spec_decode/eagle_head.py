@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from octavo.errors import ConfigError
-from octavo.models.layers.linear import TPGroup
+from octavo.models.layers.linear import ColumnParallelLinear, TPGroup
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
@@ -37,7 +37,10 @@ class EagleHead(nn.Module):
         super().__init__()
         self.dtype = config.dtype
         hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False, dtype=config.dtype, device=device)
+        # Replicated on every rank, and packed by the platform like the layer's linears.
+        self.fc = ColumnParallelLinear(
+            2 * hidden, (hidden,), bias=False, dtype=config.dtype, device=device
+        )
         attn = LlamaAttention(
             config,
             platform,
