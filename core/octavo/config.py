@@ -145,9 +145,6 @@ class EngineArgs:
     quantization: Optional[str] = None
     enforce_eager: bool = True
     compile_cache_dir: Optional[str] = None  # --no-enforce-eager's compiled graphs on disk
-    # Set by ``octavo serve`` (no flag): the engine steps beside the API server's event loop in
-    # one process, so a platform may leave the loop a core on small steps (the cpu platform).
-    beside_api_server: bool = False
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
     speculative_config: Optional[SpeculativeConfig] = None  # or vLLM's dict / its JSON text

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from octavo_cpu import plugin
-from octavo_cpu.threads import (
-    SERIAL_TOKENS_ENV,
-    SERVING_SERIAL_TOKENS,
-    StepThreads,
-    ThreadedForward,
-)
+from octavo_cpu.threads import SERIAL_TOKENS_ENV, StepThreads, ThreadedForward
 
 
 @pytest.fixture
@@ -29,50 +22,19 @@ def test_small_steps_run_on_one_thread():
     assert StepThreads(max_threads=4, serial_tokens=0).for_tokens(1) == 4
 
 
-def test_small_steps_keep_to_one_thread_only_beside_the_api_server(monkeypatch):
-    monkeypatch.delenv(SERIAL_TOKENS_ENV, raising=False)
-    assert StepThreads.from_env(beside_api_server=True).serial_tokens == SERVING_SERIAL_TOKENS > 0
-    assert StepThreads.from_env(beside_api_server=False).serial_tokens == 0
-    if torch.get_num_threads() > 1:
-        described = plugin.describe_threads()
-        assert described.startswith("serving: ") and "offline: " in described
-
-
-@pytest.mark.parametrize("beside_api_server", [True, False])
-def test_the_cut_comes_from_the_environment(monkeypatch, beside_api_server):
+def test_the_cut_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(SERIAL_TOKENS_ENV, "32")
-    assert StepThreads.from_env(beside_api_server).serial_tokens == 32
-    assert StepThreads.from_env(beside_api_server).max_threads == torch.get_num_threads()
+    assert StepThreads.from_env().serial_tokens == 32
+    assert StepThreads.from_env().max_threads == torch.get_num_threads()
     monkeypatch.setenv(SERIAL_TOKENS_ENV, "0")
-    assert "for every step" in StepThreads.from_env(beside_api_server).describe()
-
-
-def test_only_the_served_engine_leaves_the_server_a_core(monkeypatch, tmp_path):
-    """An offline engine's steps run on every thread; one built as ``octavo serve`` builds it
-    (``beside_api_server``) keeps small steps to one."""
-    from octavo.config import EngineArgs
-    from octavo.engine.llm_engine import LLMEngine
-    from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
-
-    monkeypatch.delenv(SERIAL_TOKENS_ENV, raising=False)
-    spec = TinyModelSpec(hidden_size=32, num_hidden_layers=1, vocab_size=320, seed=3)
-    model = str(write_tiny_model(tmp_path / "llama", spec))
-    cuts = {}
-    for served in (False, True):
-        args = EngineArgs(model=model, device="cpu", kv_cache_memory=1 << 22)
-        engine = LLMEngine(dataclasses.replace(args, beside_api_server=served))
-        try:
-            cuts[served] = engine.core.runner.forward.threads.serial_tokens
-        finally:
-            engine.core.shutdown()
-    assert cuts == {False: 0, True: SERVING_SERIAL_TOKENS}
+    assert "for every step" in StepThreads.from_env().describe()
 
 
 @pytest.mark.parametrize("raw", ["-1", "many"])
 def test_a_bad_cut_is_refused_with_what_to_give(monkeypatch, raw):
     monkeypatch.setenv(SERIAL_TOKENS_ENV, raw)
     with pytest.raises(ValueError, match=f"{SERIAL_TOKENS_ENV}='{raw}'.*token count >= 0"):
-        StepThreads.from_env(beside_api_server=True)
+        StepThreads.from_env()
     assert "not usable" in plugin.describe_threads()
 
 

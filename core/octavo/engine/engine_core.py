@@ -50,7 +50,6 @@ def resolve_engine(
         speculative_config=args.speculative_config,
         enforce_eager=args.enforce_eager,
         compile_cache_dir=args.compile_cache_dir,
-        beside_api_server=args.beside_api_server,
     )
     return args, model_config, runner_config
 

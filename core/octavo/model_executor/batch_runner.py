@@ -48,7 +48,6 @@ class RunnerConfig:
     speculative_config: Optional[SpeculativeConfig] = None
     enforce_eager: bool = True  # False: the platform's graph_runner compiles the forward
     compile_cache_dir: Optional[str] = None
-    beside_api_server: bool = False  # EngineArgs.beside_api_server
 
 
 class BatchRunner:

@@ -62,11 +62,9 @@ def describe_kernels() -> str:
 
 def describe_threads() -> str:
     try:
-        serving = StepThreads.from_env(beside_api_server=True).describe()
-        offline = StepThreads.from_env(beside_api_server=False).describe()
+        return StepThreads.from_env().describe()
     except ValueError as exc:
         return f"not usable: {exc}"
-    return serving if serving == offline else f"serving: {serving}; offline: {offline}"
 
 
 @hookimpl
@@ -182,7 +180,7 @@ def octavo_communicator(platform, group):
 def octavo_graph_runner(platform, model, config):
     if _mine(platform):
         forward = model if config.enforce_eager else compiled_forward(model, config)
-        return ThreadedForward(forward, StepThreads.from_env(config.beside_api_server))
+        return ThreadedForward(forward, StepThreads.from_env())
 
 
 def compiled_forward(model, config):

@@ -2,18 +2,17 @@
 
 A step's GEMMs and attention are OpenMP parallel regions, a few dozen per step. A region on two
 threads pays for waking the other thread (it sleeps between regions: OMP_WAIT_POLICY=PASSIVE),
-and waits for it whenever anything else holds that core. Behind ``octavo serve`` something does:
-the server's event loop, which detokenises and streams every token, in the same process. There
-a small step does too little work for its second thread to earn that back, so steps of fewer
-than ``serial_tokens`` tokens run on one thread and leave the other core to the loop; larger
-steps (prefill, large decode batches) run on all of them. Serving the tiny model on 2 cores
-(BENCHMARKS.md): at concurrency 1 one thread made 145-158 output tok/s against 112-125 on two
-(with the compiled GEMM: 435-439 against 404-427, ITL p50 2.07 against 2.13-2.29 ms), at
-concurrency 4 one thread was faster too, at 8 two threads were (771 against 640 tok/s), at 32
-the two were alike. Offline (``LLM``, no server in the process) nothing competes for the cores,
-and every step runs on all of them: the demo model's batch-1 decode made 729-750 output tok/s on
-two threads against 608-656 on one.
-``OCTAVO_CPU_SERIAL_TOKENS`` sets the cut either way (0: always every thread).
+and waits for it whenever anything else holds that core: the server's event loop, which
+detokenises and streams every token, or a benchmark client. A small step does too little work
+for its second thread to earn that back, so steps of fewer than ``serial_tokens`` tokens run on
+one thread and leave the other core to the rest of the process; larger steps (prefill, large
+decode batches) run on all of them. Serving the tiny model on 2 cores (BENCHMARKS.md): at
+concurrency 1 one thread made 145-158 output tok/s against 112-125 on two, at concurrency 4 one
+thread was faster too, at 8 two threads were (771 against 640 tok/s), at 32 the two were alike.
+A small oneDNN GEMM on two sleeping threads costs ~3x its one-thread time; spinning threads
+(OMP_WAIT_POLICY=ACTIVE) win that back on the main thread only, not on the server's engine
+thread (benchmarks/engine_thread_gemm.py).
+``OCTAVO_CPU_SERIAL_TOKENS`` sets the cut (0: always every thread).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 
 SERIAL_TOKENS_ENV = "OCTAVO_CPU_SERIAL_TOKENS"
-SERVING_SERIAL_TOKENS = 8  # the default beside the API server; offline: 0
+DEFAULT_SERIAL_TOKENS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +36,8 @@ class StepThreads:
     serial_tokens: int
 
     @classmethod
-    def from_env(cls, beside_api_server: bool) -> "StepThreads":
-        """``OCTAVO_CPU_SERIAL_TOKENS``, else the default for where the engine steps: beside
-        the API server's event loop (``RunnerConfig.beside_api_server``) or alone."""
-        default = SERVING_SERIAL_TOKENS if beside_api_server else 0
-        raw = os.environ.get(SERIAL_TOKENS_ENV, str(default)).strip()
+    def from_env(cls) -> "StepThreads":
+        raw = os.environ.get(SERIAL_TOKENS_ENV, str(DEFAULT_SERIAL_TOKENS)).strip()
         try:
             serial_tokens = int(raw)
         except ValueError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.resources
 import logging
 import os
@@ -147,7 +146,6 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     # uvicorn restores this handler after its graceful shutdown and re-raises the signal: exit 0.
     signal.signal(signal.SIGTERM, _exit_zero)
-    engine_args = dataclasses.replace(engine_args, beside_api_server=True)
     app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
     uvicorn_config = uvicorn.Config(
         app,
