@@ -22,6 +22,8 @@ import functools
 import statistics
 import time
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 import torch
 import torch.nn.functional as F
 from models import MODEL_DTYPES, MODEL_SPECS  # benchmarks/models.py

@@ -19,6 +19,8 @@ import statistics
 import time
 from typing import Callable
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 import torch
 import torch.nn.functional as F
 

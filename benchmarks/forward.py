@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 import torch
 
 from octavo.model_executor.batch_runner import RunnerConfig

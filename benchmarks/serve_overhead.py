@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 import httpx2 as httpx
 import psutil
 import torch

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 from safetensors.torch import load_file, save_file
 
 from octavo import LLM, SamplingParams

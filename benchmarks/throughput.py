@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 import torch
 from models import MODEL_DTYPES, make_model
 
