@@ -34,7 +34,8 @@ class DraftDistributions:
         """``(drafts, probs)`` for the batch rows ``rows`` from ``logits`` (after the requests'
         logits processors): greedy rows take the argmax (probs 0), the others sample the
         drafter's distribution under their temperature, top-k, top-p and min-p. Where every row
-        is greedy no sampling tensors are built (a verify step samples a draft at a time)."""
+        is greedy no sampling tensors are built (an EAGLE-family proposer samples each draft
+        depth apart: five builds a batch-1 verify step at K = 4)."""
         if not batch.temperature[rows].any():
             return logits.argmax(dim=-1).cpu().numpy(), 0.0
         metadata = batch.sampling_metadata(rows)
