@@ -14,10 +14,8 @@ import random
 import time
 
 # ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
-import octavo  # noqa: F401
-from torch.profiler import ProfilerActivity, profile
-
 from octavo import LLM, SamplingParams
+from torch.profiler import ProfilerActivity, profile
 
 
 def main() -> None:

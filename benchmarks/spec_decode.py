@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 
 # ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
-import octavo  # noqa: F401
+from octavo import LLM, SamplingParams
 from safetensors.torch import load_file, save_file
 
-from octavo import LLM, SamplingParams
 from octavo.bench.datasets import random_requests
 from octavo.bench.report import spec_decode_report
 

@@ -34,8 +34,15 @@ def first_openmp_import_before_octavo(path: Path) -> int | None:
 
 
 SCRIPTS = sorted(  # not the peers' virtual env and sources the compare run keeps beside them
-    p for p in BENCHMARKS.rglob("*.py") if not any(part.startswith(".") for part in p.parts)
+    p
+    for p in BENCHMARKS.rglob("*.py")
+    if not any(part.startswith(".") for part in p.relative_to(BENCHMARKS).parts)
 )
+
+
+def test_the_benchmark_scripts_are_found():
+    names = {p.name for p in SCRIPTS}
+    assert {"spec_decode.py", "throughput.py", "run.py"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(BENCHMARKS)))
