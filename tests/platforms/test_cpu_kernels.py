@@ -123,6 +123,41 @@ def test_split_kv_decodes_merge_to_the_torch_result(isa, window):
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_items_of_all_kv_heads_match_the_torch_result(isa, block_size, dtype):
+    """Twelve decodes and a prefill chunk on two threads give every thread work enough that an
+    item takes all of a request's KV heads (a small batch's items take one each, above)."""
+    from octavo.testing.conformance.paged_batches import allocate_block_tables, build_metadata
+
+    if not built(isa) or isa not in kernels.supported_isas(kernels.cpu_flags()):
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+    spec = AttentionSpec(
+        num_heads=8, num_kv_heads=4, head_dim=32, dtype=dtype, block_size=block_size, scale=0.2
+    )
+    generator = torch.Generator().manual_seed(2)
+    lengths = [int(n) for n in torch.randint(1, 300, (12,), generator=generator)]
+    tables, num_blocks = allocate_block_tables([*lengths, 90], block_size, generator)
+    chunks = [(r, n - 1, 1) for r, n in enumerate(lengths)] + [(12, 50, 40)]
+    metadata = build_metadata(chunks, tables, block_size)
+    q = torch.randn(52, 8, 32, generator=generator).to(dtype)
+    k = torch.randn(52, 4, 32, generator=generator).to(dtype)
+    v = torch.randn(52, 4, 32, generator=generator).to(dtype)
+    compiled = CpuAttentionBackend(spec, kernels._load(isa))
+    torch_path = CpuAttentionBackend(spec, kernels._load("torch"))
+    cache = torch.randn(compiled.kv_cache_shape(num_blocks), generator=generator).to(dtype)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # the item shape depends on the thread count
+    try:
+        actual = compiled.forward(q, k, v, cache.clone(), metadata)
+    finally:
+        torch.set_num_threads(previous)
+    expected = torch_path.forward(q, k, v, cache.clone(), metadata)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
 def _op_samples(ops):
     """One small, valid call of each compiled op: ``{name: (op, args)}``."""
     generator = torch.Generator().manual_seed(0)
