@@ -134,6 +134,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--skip", default="", help="comma-separated parts to leave out: offline,prefix,serve"
     )
     parser.add_argument(
+        "--small-num-prompts",
+        type=int,
+        default=None,
+        help="requests per workload for the small model (default: --num-prompts); vLLM's "
+        "bfloat16 runs at ~20 tok/s on a CPU without AVX512-BF16",
+    )
+    parser.add_argument(
+        "--small-skip",
+        default=None,
+        help="parts to leave out for the small model (default: --skip)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: tiny model, 16 requests, concurrency 1 and 10",
@@ -182,6 +194,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown := set(args.engines) - set(ENGINES):
         parser.error(f"--engines: unknown {sorted(unknown)}; choose from {ENGINES}")
     args.skip = set(filter(None, args.skip.split(",")))
+    if args.small_skip is not None:
+        args.small_skip = set(filter(None, args.small_skip.split(",")))
     if args.quick:
         args.size, args.num_prompts, args.concurrency, args.serve_duration = (
             "tiny",
@@ -191,6 +205,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     args.sizes = ["tiny", "small"] if args.size == "both" else [args.size]
     return args
+
+
+def size_args(size: str, args) -> argparse.Namespace:
+    """``args`` with the small model's own request count and skipped parts applied."""
+    if size != "small":
+        return args
+    own = argparse.Namespace(**vars(args))
+    if args.small_num_prompts is not None:
+        own.num_prompts = args.small_num_prompts
+    if args.small_skip is not None:
+        own.skip = args.small_skip
+    return own
 
 
 # --- vLLM's virtual environment ---------------------------------------------------------------
@@ -839,7 +865,7 @@ def offline_table(results: dict) -> list[str]:
         v, o, t = (tok_s(w["rows"].get(e)) for e in OFFLINE_ENGINES)
         same = "; ".join(f"{c['pair']}: {c['identical']}/{c['of']}" for c in w["identical"]) or "–"
         lines.append(
-            f"| {w['model']} | {w['dtype']} | {results['num_prompts']} "
+            f"| {w['model']} | {w['dtype']} | {w.get('num_prompts', results['num_prompts'])} "
             f"| {fmt(v)} | {fmt(o)} | {fmt(t)} | "
             f"{ratio(o, v)} | {ratio(o, t)} | {same} |"
         )
@@ -960,7 +986,13 @@ def markdown(results: dict) -> str:
 
 def settings(args) -> dict:
     return {
-        "workload": f"{args.num_prompts} token-id prompts, "
+        "workload": f"{args.num_prompts} token-id prompts"
+        + (
+            f" ({args.small_num_prompts} for the small model)"
+            if args.small_num_prompts is not None
+            else ""
+        )
+        + ", "
         f"lengths uniform {INPUT_LEN[0]}-{INPUT_LEN[1]} (seed {args.seed}), "
         f"{args.output_len} output tokens, greedy, EOS ignored",
         "prefix workload": f"common {PREFIX_LEN}-token prefix + "
@@ -994,7 +1026,9 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     args.vllm_python = ensure_vllm(args.vllm_venv) if "vllm" in args.engines else None
-    serves_llama_cpp = "llamacpp" in args.engines and "serve" not in args.skip
+    serves_llama_cpp = "llamacpp" in args.engines and any(
+        "serve" not in size_args(size, args).skip for size in args.sizes
+    )
     args.llama_cpp = ensure_llama_cpp(args.llama_cpp_dir) if serves_llama_cpp else None
     results = {
         "command": shlex.join([os.path.relpath(sys.executable), *sys.argv]),
@@ -1009,6 +1043,7 @@ def main(argv=None) -> int:
     }
     turn = 0
     for size in args.sizes:
+        own = size_args(size, args)
         model = make_model(size, args.models_dir / size)
         dtype = (
             str(MODEL_DTYPES[size]).removeprefix("torch.") if args.dtype == "auto" else args.dtype
@@ -1020,8 +1055,10 @@ def main(argv=None) -> int:
             ("prefix", prefix_workload),
             ("serve", serve_workload),
         ):
-            if part not in args.skip:
-                results[part].append(run(size, model, dtype, vocab, args, turn))
+            if part not in own.skip:
+                results[part].append(
+                    {**run(size, model, dtype, vocab, own, turn), "num_prompts": own.num_prompts}
+                )
                 turn += 1
         results["wall_s"] = time.perf_counter() - started
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
