@@ -127,8 +127,10 @@ def test_split_kv_decodes_merge_to_the_torch_result(isa, window):
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_items_of_all_kv_heads_match_the_torch_result(isa, block_size, dtype):
-    """Twelve decodes and a prefill chunk on two threads give every thread work enough that an
-    item takes all of a request's KV heads (a small batch's items take one each, above)."""
+    """24 decodes of 100-299 tokens and a 12-token chunk on two threads: work enough for every
+    thread and no item too large to share out (the chunk's 12 x 62 against ~5,500 in all, more
+    than a quarter), so an item takes all of a request's KV heads (a small batch's items take
+    one each, above)."""
     from octavo.testing.conformance.paged_batches import allocate_block_tables, build_metadata
 
     if not built(isa) or isa not in kernels.supported_isas(kernels.cpu_flags()):
@@ -137,13 +139,13 @@ def test_items_of_all_kv_heads_match_the_torch_result(isa, block_size, dtype):
         num_heads=8, num_kv_heads=4, head_dim=32, dtype=dtype, block_size=block_size, scale=0.2
     )
     generator = torch.Generator().manual_seed(2)
-    lengths = [int(n) for n in torch.randint(1, 300, (12,), generator=generator)]
-    tables, num_blocks = allocate_block_tables([*lengths, 90], block_size, generator)
-    chunks = [(r, n - 1, 1) for r, n in enumerate(lengths)] + [(12, 50, 40)]
+    lengths = [int(n) for n in torch.randint(100, 300, (24,), generator=generator)]
+    tables, num_blocks = allocate_block_tables([*lengths, 62], block_size, generator)
+    chunks = [(r, n - 1, 1) for r, n in enumerate(lengths)] + [(24, 50, 12)]
     metadata = build_metadata(chunks, tables, block_size)
-    q = torch.randn(52, 8, 32, generator=generator).to(dtype)
-    k = torch.randn(52, 4, 32, generator=generator).to(dtype)
-    v = torch.randn(52, 4, 32, generator=generator).to(dtype)
+    q = torch.randn(36, 8, 32, generator=generator).to(dtype)
+    k = torch.randn(36, 4, 32, generator=generator).to(dtype)
+    v = torch.randn(36, 4, 32, generator=generator).to(dtype)
     compiled = CpuAttentionBackend(spec, kernels._load(isa))
     torch_path = CpuAttentionBackend(spec, kernels._load("torch"))
     cache = torch.randn(compiled.kv_cache_shape(num_blocks), generator=generator).to(dtype)

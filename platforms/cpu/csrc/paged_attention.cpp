@@ -425,17 +425,26 @@ Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* 
                 int64_t num_reqs) {
   Plan plan;
   int64_t base_items = 0;
+  int64_t total_cost = 0, max_tile_cost = 0;  // query tokens x the context they attend
   for (int64_t r = 0; r < num_reqs; ++r) {
     const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
     base_items += sh.num_kv_heads * ((q_len + kQueryTile - 1) / kQueryTile);
+    for (int64_t qb = 0; qb < q_len; qb += kQueryTile) {
+      const int64_t qe = std::min(q_len, qb + kQueryTile);
+      const int64_t cost = (qe - qb) * (seq_lens[r] - q_len + qe);
+      total_cost += cost;
+      max_tile_cost = std::max(max_tile_cost, cost);
+    }
   }
   const int64_t target = 2 * at::get_num_threads();
-  // With work enough for every thread, an item takes all of a request's KV heads: it then
+  // With work enough for every thread, and none of it in one item too large to share out
+  // (a long context beside short ones), an item takes all of a request's KV heads: it then
   // reads each block's K and V whole (contiguous), which the hardware prefetcher streams
   // (a decode step at batch 32: attention ~18% faster than one item per KV head). Otherwise
   // an item takes one KV head, and only then is a context split (base_items < target).
-  const int64_t heads_per_item =
-      base_items >= target * sh.num_kv_heads ? sh.num_kv_heads : 1;
+  const bool all_heads =
+      base_items >= target * sh.num_kv_heads && max_tile_cost * target <= total_cost;
+  const int64_t heads_per_item = all_heads ? sh.num_kv_heads : 1;
   for (int64_t r = 0; r < num_reqs; ++r) {
     const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
     if (q_len <= 0) continue;
