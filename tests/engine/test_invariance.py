@@ -4,6 +4,8 @@ model being split over two tensor-parallel ranks (the oracle always runs on one)
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from engine_helpers import generate_ids, make_llm, shared_prefix_prompts
@@ -82,6 +84,22 @@ def test_preempted_requests_finish_with_their_alone_tokens(
     assert stats.num_preempted_total > 10
     if preemption_mode == "swap":
         assert stats.num_swapped_out_total > 10
+
+
+def test_decodes_sharing_a_long_prefix_match_their_alone_runs(tiny_model):
+    """Eight requests behind one 150-token prefix, cached once: their decodes attend its first
+    whole 64-token groups together (the cpu kernel's cascade attention); each request's tokens
+    are still those of its run alone without caching."""
+    rng = random.Random(5)
+    prefix = [1] + [rng.randrange(3, 512) for _ in range(150)]
+    prompts = [
+        prefix + [rng.randrange(3, 512) for _ in range(rng.randrange(3, 20))] for _ in range(8)
+    ]
+    apart = make_llm(tiny_model, enable_prefix_caching=False)
+    alone = [generate_ids(apart, [p], GREEDY)[0] for p in prompts]
+    llm = make_llm(tiny_model, enable_prefix_caching=True)
+    assert generate_ids(llm, prompts, GREEDY) == alone
+    assert llm.engine.core.kv_cache_manager.prefix_cache_hits > 0
 
 
 def test_stories260k_invariance_under_batching_and_preemption(stories260k_path):

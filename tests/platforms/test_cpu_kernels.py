@@ -160,6 +160,62 @@ def test_items_of_all_kv_heads_match_the_torch_result(isa, block_size, dtype):
     torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decodes_sharing_a_prefix_give_the_bits_of_unshared_copies(isa, block_size, dtype):
+    """Decodes whose block tables begin with the same blocks attend them together (cascade
+    attention), the rest apart; the same decodes over private copies of those blocks attend
+    each alone. The outputs are the same bits, and the torch path's within tolerance."""
+    from octavo.testing.conformance.paged_batches import build_metadata
+
+    if not built(isa) or isa not in kernels.supported_isas(kernels.cpu_flags()):
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+    spec = AttentionSpec(
+        num_heads=8, num_kv_heads=4, head_dim=32, dtype=dtype, block_size=block_size, scale=0.2
+    )
+    generator = torch.Generator().manual_seed(3)
+    prefix_blocks = 160 // block_size  # 160 tokens: 2.5 groups of 64, so the cut falls inside
+    lengths = [int(n) for n in torch.randint(170, 260, (9,), generator=generator)]
+    own = [-(-n // block_size) - prefix_blocks for n in lengths]
+    num_blocks = prefix_blocks * (1 + len(lengths)) + sum(own) + 1
+    pool = torch.randperm(num_blocks, generator=generator).to(torch.int32)
+    shared = pool[:prefix_blocks]
+    width = max(prefix_blocks + n for n in own)
+    tables = torch.zeros(2, len(lengths), width, dtype=torch.int32)
+    at = prefix_blocks
+    for r, n in enumerate(own):
+        copies = pool[at : at + prefix_blocks]
+        mine = pool[at + prefix_blocks : at + prefix_blocks + n]
+        at += prefix_blocks + n
+        tables[0, r, : prefix_blocks + n] = torch.cat([shared, mine])
+        tables[1, r, : prefix_blocks + n] = torch.cat([copies, mine])
+    compiled = CpuAttentionBackend(spec, kernels._load(isa))
+    cache = torch.randn(compiled.kv_cache_shape(num_blocks), generator=generator).to(dtype)
+    for r in range(len(lengths)):  # the private copies hold the shared blocks' values
+        cache[:, tables[1, r, :prefix_blocks].long()] = cache[:, shared.long()]
+    chunks = [(r, n - 1, 1) for r, n in enumerate(lengths)]
+    q = torch.randn(len(lengths), 8, 32, generator=generator).to(dtype)
+    k = torch.randn(len(lengths), 4, 32, generator=generator).to(dtype)
+    v = torch.randn(len(lengths), 4, 32, generator=generator).to(dtype)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cascaded, apart = (
+            compiled.forward(q, k, v, cache.clone(), build_metadata(chunks, t, block_size))
+            for t in tables
+        )
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(cascaded, apart)
+    torch_path = CpuAttentionBackend(spec, kernels._load("torch"))
+    expected = torch_path.forward(
+        q, k, v, cache.clone(), build_metadata(chunks, tables[0], block_size)
+    )
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(cascaded.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
 def _op_samples(ops):
     """One small, valid call of each compiled op: ``{name: (op, args)}``."""
     generator = torch.Generator().manual_seed(0)

@@ -13,7 +13,8 @@
 // small register-blocked GEMM). Softmax is online, in fp32. Threads claim items costliest first.
 // When the batch alone cannot keep every thread busy (a decode at batch 1), the context is split
 // into ranges whose partial results (accumulator, running max, running sum) are merged
-// afterwards: split-KV.
+// afterwards: split-KV. Decodes whose block tables begin with the same blocks (a prompt prefix
+// shared through prefix caching) attend those blocks together first (cascade attention).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -51,6 +52,7 @@ struct Item {
   int64_t q_begin, q_end;                    // query tokens, relative to the request's first
   int64_t k_begin, k_end;                    // context positions this item attends to
   int64_t partial;                           // index into the partial buffers, or -1 (direct)
+  int64_t prefix_slot;  // where its shared prefix's state is (a cascade member), or -1
 };
 
 template <typename T>
@@ -268,7 +270,8 @@ inline void prefetch_tile(const T* p, int64_t n) {
 template <typename T>
 void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T* k_cache,
               const T* v_cache, const int32_t* block_table, const int32_t* query_start_loc,
-              const int32_t* seq_lens, float* partial_acc, float* partial_ml, Scratch& scratch) {
+              const int32_t* seq_lens, float* partial_acc, float* partial_ml,
+              const float* prefix_acc, const float* prefix_ml, Scratch& scratch) {
   const int64_t D = sh.head_dim, G = sh.group, bs = sh.block_size;
   const int64_t q_first = query_start_loc[item.request];
   const int64_t q_len = query_start_loc[item.request + 1] - q_first;
@@ -281,6 +284,17 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   float* acc = scratch.acc.data();
   float* m = scratch.m.data();
   float* l = scratch.l.data();
+  if (item.prefix_slot >= 0) {  // go on from the shared prefix's state (k_begin is its end)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t from = (item.prefix_slot * sh.num_kv_heads + item.kv_head + h) * G + g;
+        const int64_t r = h * rows + g;  // a member is a decode: one query token
+        std::copy(prefix_acc + from * D, prefix_acc + (from + 1) * D, acc + r * D);
+        m[r] = prefix_ml[2 * from];
+        l[r] = prefix_ml[2 * from + 1];
+      }
+    }
+  }
   // Query rows: KV head h of the item, token i of the tile, head g of the KV head's group,
   // pre-scaled.
   for (int64_t h = 0; h < H; ++h) {
@@ -378,6 +392,132 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   }
 }
 
+// Cascade attention: decodes whose block tables begin with the same blocks (a prompt prefix they
+// share through prefix caching) attend those blocks together, per KV head, each K/V tile loaded
+// once for many query rows (and from cache after the first); each then goes on from that state
+// over its own blocks. The shared part ends on a group boundary, so every row sees the same
+// groups in the same order as without it: the results are the same bits.
+constexpr int64_t kMinCascadeRequests = 4;  // fewer decodes sharing a prefix: attend it apart
+constexpr int64_t kCascadeChunk = 16;       // members per prefix work item
+
+struct SharedPrefix {
+  std::vector<int64_t> requests;  // its members, in slot order
+  int64_t first_slot;             // the first member's slot
+  int64_t num_blocks;             // shared leading blocks, a whole number of groups
+};
+
+struct Cascade {
+  std::vector<SharedPrefix> prefixes;
+  std::vector<int64_t> slot;           // per request: its place among all members, or -1
+  std::vector<int64_t> prefix_tokens;  // per request: the tokens its shared prefix covers
+  int64_t num_members = 0;
+};
+
+Cascade plan_cascade(const Shape& sh, const int32_t* query_start_loc, const int32_t* seq_lens,
+                     const int32_t* block_table, int64_t num_reqs) {
+  Cascade cascade;
+  cascade.slot.assign(num_reqs, -1);
+  cascade.prefix_tokens.assign(num_reqs, 0);
+  const int64_t group = blocks_per_group(sh.block_size);
+  std::vector<int64_t> decodes;
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    const bool decode = query_start_loc[r + 1] - query_start_loc[r] == 1;
+    if (decode && (seq_lens[r] - 1) / sh.block_size >= group) decodes.push_back(r);
+  }
+  if (sh.window > 0 || static_cast<int64_t>(decodes.size()) < kMinCascadeRequests) {
+    return cascade;
+  }
+  const auto first_block = [&](int64_t r) { return block_table[r * sh.max_blocks]; };
+  std::stable_sort(decodes.begin(), decodes.end(),
+                   [&](int64_t a, int64_t b) { return first_block(a) < first_block(b); });
+  const int64_t n = static_cast<int64_t>(decodes.size());
+  for (int64_t i = 0, j; i < n; i = j) {
+    for (j = i + 1; j < n && first_block(decodes[j]) == first_block(decodes[i]); ++j) {
+    }
+    if (j - i < kMinCascadeRequests) continue;
+    const int32_t* lead = block_table + decodes[i] * sh.max_blocks;
+    int64_t shared = sh.max_blocks;
+    for (int64_t k = i; k < j; ++k) {  // blocks wholly before each member's new token
+      const int32_t* row = block_table + decodes[k] * sh.max_blocks;
+      const int64_t limit = std::min(shared, (seq_lens[decodes[k]] - 1) / sh.block_size);
+      int64_t p = 0;
+      while (p < limit && row[p] == lead[p]) ++p;
+      shared = p;
+    }
+    shared = shared / group * group;
+    if (shared == 0) continue;
+    SharedPrefix prefix{{}, cascade.num_members, shared};
+    for (int64_t k = i; k < j; ++k) {
+      prefix.requests.push_back(decodes[k]);
+      cascade.slot[decodes[k]] = cascade.num_members++;
+      cascade.prefix_tokens[decodes[k]] = shared * sh.block_size;
+    }
+    cascade.prefixes.push_back(std::move(prefix));
+  }
+  return cascade;
+}
+
+// Members [begin, end) of `prefix` against its shared blocks, KV head `kv_head`: their running
+// state (accumulator, max, sum) into the prefix buffers at their slots.
+template <typename T>
+void run_prefix(const SharedPrefix& prefix, int64_t kv_head, int64_t begin, int64_t end,
+                const Shape& sh, const T* query, const T* k_cache, const T* v_cache,
+                const int32_t* block_table, const int32_t* query_start_loc, float* prefix_acc,
+                float* prefix_ml, Scratch& scratch) {
+  const int64_t D = sh.head_dim, G = sh.group, bs = sh.block_size;
+  const int64_t rows = (end - begin) * G;
+  scratch.reserve(rows, sh);
+  float* q = scratch.q.data();
+  for (int64_t i = begin; i < end; ++i) {
+    const T* src =
+        query + query_start_loc[prefix.requests[i]] * sh.q_stride + kv_head * G * D;
+    for (int64_t g = 0; g < G; ++g) {
+      float* dst = q + ((i - begin) * G + g) * D;
+      load_row(src + g * D, dst, D);
+      scale_row(sh.scale, dst, D);
+    }
+  }
+  const int32_t* table = block_table + prefix.requests[0] * sh.max_blocks;
+  const int64_t group = blocks_per_group(bs);
+  const float* kt[kGroupTokens];
+  const float* vf[kGroupTokens];
+  for (int64_t b = 0; b < prefix.num_blocks; b += group) {
+    for (int64_t j = 0; j < group; ++j) {
+      const int64_t tile = (table[b + j] * sh.num_kv_heads + kv_head) * bs * D;
+      if constexpr (std::is_same_v<T, float>) {
+        kt[j] = k_cache + tile;
+        vf[j] = v_cache + tile;
+      } else {
+        float* k = scratch.k.data() + j * bs * D;
+        float* v = scratch.v.data() + j * bs * D;
+        load_row(k_cache + tile, k, bs * D);
+        load_row(v_cache + tile, v, bs * D);
+        kt[j] = k;
+        vf[j] = v;
+      }
+    }
+    for (int64_t j = b + group; j < std::min(b + 2 * group, prefix.num_blocks); ++j) {
+      const int64_t tile = (table[j] * sh.num_kv_heads + kv_head) * bs * D;
+      prefetch_tile(k_cache + tile, bs * D);
+      prefetch_tile(v_cache + tile, bs * D);
+    }
+    std::fill(scratch.lo.begin(), scratch.lo.begin() + rows, 0);
+    std::fill(scratch.hi.begin(), scratch.hi.begin() + rows, group * bs);
+    attend_rows(rows, q, kt, vf, group, bs, D, scratch.lo.data(), scratch.hi.data(),
+                scratch.s.data(), scratch.m.data(), scratch.l.data(), scratch.acc.data());
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = (i - begin) * G + g;
+      const int64_t to = ((prefix.first_slot + i) * sh.num_kv_heads + kv_head) * G + g;
+      std::copy(scratch.acc.begin() + r * D, scratch.acc.begin() + (r + 1) * D,
+                prefix_acc + to * D);
+      prefix_ml[2 * to] = scratch.m[r];
+      prefix_ml[2 * to + 1] = scratch.l[r];
+    }
+  }
+}
+
 // Merge the partial results of one (request, KV head, query tile) split over context ranges.
 template <typename T>
 void merge_items(const std::vector<Item>& items, int64_t first, int64_t count, const Shape& sh,
@@ -422,7 +562,7 @@ struct Plan {
 };
 
 Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* seq_lens,
-                int64_t num_reqs) {
+                int64_t num_reqs, const Cascade& cascade) {
   Plan plan;
   int64_t base_items = 0;
   int64_t total_cost = 0, max_tile_cost = 0;  // query tokens x the context they attend
@@ -453,7 +593,8 @@ Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* 
       const int64_t qe = std::min(q_len, qb + kQueryTile);
       const int64_t context = seq_len - q_len + qe;  // keys the tile's last token sees
       int64_t splits = 1;
-      if (base_items < target && base_items > 0) {
+      const int64_t slot = cascade.slot[r];
+      if (slot < 0 && base_items < target && base_items > 0) {
         splits = std::min((target + base_items - 1) / base_items, context / kMinSplitTokens);
         splits = std::max<int64_t>(splits, 1);
       }
@@ -461,13 +602,14 @@ Plan plan_items(const Shape& sh, const int32_t* query_start_loc, const int32_t* 
       range = ((range + sh.block_size - 1) / sh.block_size) * sh.block_size;
       for (int64_t h = 0; h < sh.num_kv_heads; h += heads_per_item) {
         if (splits == 1) {
-          plan.items.push_back({r, h, heads_per_item, qb, qe, 0, context, -1});
+          plan.items.push_back(
+              {r, h, heads_per_item, qb, qe, cascade.prefix_tokens[r], context, -1, slot});
           continue;
         }
         const int64_t first = static_cast<int64_t>(plan.items.size());
         for (int64_t k0 = 0; k0 < context; k0 += range) {
           plan.items.push_back({r, h, 1, qb, qe, k0, std::min(context, k0 + range),
-                                plan.num_partials++});
+                                plan.num_partials++, -1});
         }
         plan.groups.emplace_back(first, static_cast<int64_t>(plan.items.size()) - first);
       }
@@ -515,7 +657,8 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* table = block_table.data_ptr<int32_t>();
-  Plan plan = plan_items(sh, qsl, lens, num_reqs);
+  const Cascade cascade = plan_cascade(sh, qsl, lens, table, num_reqs);
+  Plan plan = plan_items(sh, qsl, lens, num_reqs, cascade);
   const int64_t num_blocks = kv_cache.size(1);
   const T* k_cache = kv_cache.data_ptr<T>();
   const T* v_cache = k_cache + num_blocks * sh.num_kv_heads * sh.block_size * sh.head_dim;
@@ -523,6 +666,34 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   T* o = out.data_ptr<T>();
   std::vector<float> partial_acc(plan.num_partials * kQueryTile * sh.group * sh.head_dim);
   std::vector<float> partial_ml(plan.num_partials * kQueryTile * sh.group * 2);
+  const int64_t prefix_rows = cascade.num_members * sh.num_kv_heads * sh.group;
+  std::vector<float> prefix_acc(prefix_rows * sh.head_dim);
+  std::vector<float> prefix_ml(prefix_rows * 2);
+  if (!cascade.prefixes.empty()) {  // the shared prefixes first: their members start from them
+    struct PrefixItem {
+      int64_t prefix, kv_head, begin, end;
+    };
+    std::vector<PrefixItem> prefix_items;
+    for (int64_t p = 0; p < static_cast<int64_t>(cascade.prefixes.size()); ++p) {
+      const int64_t members = static_cast<int64_t>(cascade.prefixes[p].requests.size());
+      for (int64_t h = 0; h < sh.num_kv_heads; ++h) {
+        for (int64_t i = 0; i < members; i += kCascadeChunk) {
+          prefix_items.push_back({p, h, i, std::min(members, i + kCascadeChunk)});
+        }
+      }
+    }
+    const int64_t count = static_cast<int64_t>(prefix_items.size());
+    std::atomic<int64_t> next_prefix{0};
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
+      Scratch scratch;
+      for (int64_t i = next_prefix++; i < count; i = next_prefix++) {
+        const PrefixItem& item = prefix_items[i];
+        run_prefix<T>(cascade.prefixes[item.prefix], item.kv_head, item.begin, item.end, sh, q,
+                      k_cache, v_cache, table, qsl, prefix_acc.data(), prefix_ml.data(),
+                      scratch);
+      }
+    });
+  }
   // Items differ in cost (a long prompt's last tiles see its whole context, its first almost
   // none): the threads claim them one at a time, costliest first, so none waits on another.
   const int64_t num_items = static_cast<int64_t>(plan.items.size());
@@ -537,7 +708,8 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
     Scratch scratch;
     for (int64_t i = next++; i < num_items; i = next++) {
       run_item<T>(plan.items[order[i]], sh, q, o, k_cache, v_cache, table, qsl, lens,
-                  partial_acc.data(), partial_ml.data(), scratch);
+                  partial_acc.data(), partial_ml.data(), prefix_acc.data(), prefix_ml.data(),
+                  scratch);
     }
   });
   const int64_t num_groups = static_cast<int64_t>(plan.groups.size());
