@@ -267,6 +267,42 @@ inline void prefetch_tile(const T* p, int64_t n) {
   }
 }
 
+// The K and V tiles of KV head `kv_head` in blocks table[b .. b + nb): read in place from a
+// float32 cache, widened into the scratch from a 16-bit one.
+template <typename T>
+inline void group_tiles(const int32_t* table, int64_t b, int64_t nb, int64_t kv_head,
+                        const Shape& sh, const T* k_cache, const T* v_cache, Scratch& scratch,
+                        const float** kt, const float** vf) {
+  const int64_t tile_size = sh.block_size * sh.head_dim;
+  for (int64_t j = 0; j < nb; ++j) {
+    const int64_t tile = (table[b + j] * sh.num_kv_heads + kv_head) * tile_size;
+    if constexpr (std::is_same_v<T, float>) {
+      kt[j] = k_cache + tile;
+      vf[j] = v_cache + tile;
+    } else {
+      float* k = scratch.k.data() + j * tile_size;
+      float* v = scratch.v.data() + j * tile_size;
+      load_row(k_cache + tile, k, tile_size);
+      load_row(v_cache + tile, v, tile_size);
+      kt[j] = k;
+      vf[j] = v;
+    }
+  }
+}
+
+// Ask for the tiles of KV heads [kv_head, kv_head + heads) (adjacent in a block) in blocks
+// table[from .. to).
+template <typename T>
+inline void prefetch_blocks(const int32_t* table, int64_t from, int64_t to, int64_t kv_head,
+                            int64_t heads, const Shape& sh, const T* k_cache, const T* v_cache) {
+  const int64_t tile_size = sh.block_size * sh.head_dim;
+  for (int64_t j = from; j < to; ++j) {
+    const int64_t tile = (table[j] * sh.num_kv_heads + kv_head) * tile_size;
+    prefetch_tile(k_cache + tile, heads * tile_size);
+    prefetch_tile(v_cache + tile, heads * tile_size);
+  }
+}
+
 template <typename T>
 void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T* k_cache,
               const T* v_cache, const int32_t* block_table, const int32_t* query_start_loc,
@@ -324,11 +360,8 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
     // is computed (decode attention streams the whole context from DRAM once per layer). The
     // item's KV heads' tiles of one block are adjacent.
     const int64_t last_block = (k_hi + bs - 1) / bs;
-    for (int64_t j = b + nb; j < std::min(b + nb + group, last_block); ++j) {
-      const int64_t tile = (table[j] * sh.num_kv_heads + item.kv_head) * bs * D;
-      prefetch_tile(k_cache + tile, H * bs * D);
-      prefetch_tile(v_cache + tile, H * bs * D);
-    }
+    prefetch_blocks(table, b + nb, std::min(b + nb + group, last_block), item.kv_head, H, sh,
+                    k_cache, v_cache);
     // Each row's visible part of the group; the tokens that see none of it (the tile's first,
     // against the diagonal's far side, or past a sliding window) are left out at either end.
     const int64_t b0 = b * bs;
@@ -349,20 +382,7 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
     }
     if (last < 0) continue;
     for (int64_t h = 0; h < H; ++h) {
-      for (int64_t j = 0; j < nb; ++j) {
-        const int64_t tile = (table[b + j] * sh.num_kv_heads + item.kv_head + h) * bs * D;
-        if constexpr (std::is_same_v<T, float>) {
-          kt[j] = k_cache + tile;  // read in place
-          vf[j] = v_cache + tile;
-        } else {
-          float* k = scratch.k.data() + j * bs * D;
-          float* v = scratch.v.data() + j * bs * D;
-          load_row(k_cache + tile, k, bs * D);
-          load_row(v_cache + tile, v, bs * D);
-          kt[j] = k;
-          vf[j] = v;
-        }
-      }
+      group_tiles(table, b, nb, item.kv_head + h, sh, k_cache, v_cache, scratch, kt, vf);
       const int64_t r = h * rows + first * G;
       attend_rows((last + 1 - first) * G, q + r * D, kt, vf, nb, bs, D,
                   scratch.lo.data() + first * G, scratch.hi.data() + first * G,
@@ -482,25 +502,9 @@ void run_prefix(const SharedPrefix& prefix, int64_t kv_head, int64_t begin, int6
   const float* kt[kGroupTokens];
   const float* vf[kGroupTokens];
   for (int64_t b = 0; b < prefix.num_blocks; b += group) {
-    for (int64_t j = 0; j < group; ++j) {
-      const int64_t tile = (table[b + j] * sh.num_kv_heads + kv_head) * bs * D;
-      if constexpr (std::is_same_v<T, float>) {
-        kt[j] = k_cache + tile;
-        vf[j] = v_cache + tile;
-      } else {
-        float* k = scratch.k.data() + j * bs * D;
-        float* v = scratch.v.data() + j * bs * D;
-        load_row(k_cache + tile, k, bs * D);
-        load_row(v_cache + tile, v, bs * D);
-        kt[j] = k;
-        vf[j] = v;
-      }
-    }
-    for (int64_t j = b + group; j < std::min(b + 2 * group, prefix.num_blocks); ++j) {
-      const int64_t tile = (table[j] * sh.num_kv_heads + kv_head) * bs * D;
-      prefetch_tile(k_cache + tile, bs * D);
-      prefetch_tile(v_cache + tile, bs * D);
-    }
+    group_tiles(table, b, group, kv_head, sh, k_cache, v_cache, scratch, kt, vf);
+    prefetch_blocks(table, b + group, std::min(b + 2 * group, prefix.num_blocks), kv_head, 1,
+                    sh, k_cache, v_cache);
     std::fill(scratch.lo.begin(), scratch.lo.begin() + rows, 0);
     std::fill(scratch.hi.begin(), scratch.hi.begin() + rows, group * bs);
     attend_rows(rows, q, kt, vf, group, bs, D, scratch.lo.data(), scratch.hi.data(),
