@@ -87,13 +87,13 @@ def test_preempted_requests_finish_with_their_alone_tokens(
 
 
 def test_decodes_sharing_a_long_prefix_match_their_alone_runs(tiny_model):
-    """Eight requests behind one 150-token prefix, cached once: their decodes attend its first
-    whole 64-token groups together (the cpu kernel's cascade attention); each request's tokens
-    are still those of its run alone without caching."""
+    """Ten requests behind one 150-token prefix, cached once: their decodes attend its first
+    whole 64-token groups together (the cpu kernel's cascade attention, from eight decodes on);
+    each request's tokens are still those of its run alone without caching."""
     rng = random.Random(5)
     prefix = [1] + [rng.randrange(3, 512) for _ in range(150)]
     prompts = [
-        prefix + [rng.randrange(3, 512) for _ in range(rng.randrange(3, 20))] for _ in range(8)
+        prefix + [rng.randrange(3, 512) for _ in range(rng.randrange(3, 20))] for _ in range(10)
     ]
     apart = make_llm(tiny_model, enable_prefix_caching=False)
     alone = [generate_ids(apart, [p], GREEDY)[0] for p in prompts]

@@ -417,7 +417,7 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
 // once for many query rows (and from cache after the first); each then goes on from that state
 // over its own blocks. The shared part ends on a group boundary, so every row sees the same
 // groups in the same order as without it: the results are the same bits.
-constexpr int64_t kMinCascadeRequests = 4;  // fewer decodes sharing a prefix: attend it apart
+constexpr int64_t kMinCascadeRequests = 8;  // fewer decodes sharing a prefix: attend it apart
 constexpr int64_t kCascadeChunk = 16;       // members per prefix work item
 
 struct SharedPrefix {
