@@ -128,9 +128,9 @@ def test_split_kv_decodes_merge_to_the_torch_result(isa, window):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_items_of_all_kv_heads_match_the_torch_result(isa, block_size, dtype):
     """24 decodes of 100-299 tokens and a 12-token chunk on two threads: work enough for every
-    thread and no item too large to share out (the chunk's 12 x 62 against ~5,500 in all, more
-    than a quarter), so an item takes all of a request's KV heads (a small batch's items take
-    one each, above)."""
+    thread and no item too large to share out (the largest, the chunk's 12 x 62, is under a
+    quarter of the ~5,500 in all), so an item takes all of a request's KV heads (a small
+    batch's items take one each, above)."""
     from octavo.testing.conformance.paged_batches import allocate_block_tables, build_metadata
 
     if not built(isa) or isa not in kernels.supported_isas(kernels.cpu_flags()):
