@@ -267,6 +267,18 @@ inline void prefetch_tile(const T* p, int64_t n) {
   }
 }
 
+// The query heads of KV head `kv_head` at row `token` of `query`: G rows of D, pre-scaled.
+template <typename T>
+inline void load_query_rows(const T* query, int64_t token, int64_t kv_head, const Shape& sh,
+                            float* dst) {
+  const int64_t D = sh.head_dim;
+  const T* src = query + token * sh.q_stride + kv_head * sh.group * D;
+  for (int64_t g = 0; g < sh.group; ++g) {
+    load_row(src + g * D, dst + g * D, D);
+    scale_row(sh.scale, dst + g * D, D);
+  }
+}
+
 // The K and V tiles of KV head `kv_head` in blocks table[b .. b + nb): read in place from a
 // float32 cache, widened into the scratch from a 16-bit one.
 template <typename T>
@@ -335,13 +347,8 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   // pre-scaled.
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t i = 0; i < num_q; ++i) {
-      const T* src =
-          query + (q_first + item.q_begin + i) * sh.q_stride + (item.kv_head + h) * G * D;
-      for (int64_t g = 0; g < G; ++g) {
-        float* dst = q + ((h * num_q + i) * G + g) * D;
-        load_row(src + g * D, dst, D);
-        scale_row(sh.scale, dst, D);
-      }
+      load_query_rows(query, q_first + item.q_begin + i, item.kv_head + h, sh,
+                      q + (h * num_q + i) * G * D);
     }
   }
   // Positions of the tile's first and last query tokens.
@@ -489,13 +496,8 @@ void run_prefix(const SharedPrefix& prefix, int64_t kv_head, int64_t begin, int6
   scratch.reserve(rows, sh);
   float* q = scratch.q.data();
   for (int64_t i = begin; i < end; ++i) {
-    const T* src =
-        query + query_start_loc[prefix.requests[i]] * sh.q_stride + kv_head * G * D;
-    for (int64_t g = 0; g < G; ++g) {
-      float* dst = q + ((i - begin) * G + g) * D;
-      load_row(src + g * D, dst, D);
-      scale_row(sh.scale, dst, D);
-    }
+    load_query_rows(query, query_start_loc[prefix.requests[i]], kv_head, sh,
+                    q + (i - begin) * G * D);
   }
   const int32_t* table = block_table + prefix.requests[0] * sh.max_blocks;
   const int64_t group = blocks_per_group(bs);
