@@ -14,6 +14,15 @@
 // rows against several panels, so there are always about a dozen independent FMA chains for the
 // two FMA units to overlap. Threads split the work by panel groups (each thread streams its own
 // part of the weight) and, for many rows, by chunks of rows.
+//
+// A tile of two or more rows spends several FMAs on each cache line of its one to three panel
+// streams, and the hardware prefetcher then keeps too few lines in flight to hide the latency
+// of the last-level cache. So such tiles prefetch the next tile's panels as they go (the line
+// at the same k; a whole-row tile, the next panel while its first rows pass). One thread, one
+// pass over the demo model's 17 layers (16 MB, from L3) on a Zen 3: 2-3 rows x1.1-1.3 faster,
+// 4-6 rows x1.7-1.8, 8-32 rows x1.1-1.4; 1 row (no prefetch) and, on two threads, 64 or more
+// rows about the same. Weights that stream from DRAM gain little (BENCHMARKS.md, issue 16
+// eighth part).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -54,11 +63,21 @@ constexpr int64_t kPanel = 2 * kLanes;  // NR: output columns per panel
 constexpr int kRowTile = 6;             // 12 accumulators + 2 weight registers + 1 broadcast
 constexpr int64_t kGroupPanels = 4;     // panels per work item
 constexpr int64_t kChunkRows = 96;      // about as many rows per work item (they stay in L2)
+constexpr int64_t kLineFloats = 16;     // floats per 64-byte cache line
+
+// Ask for the cache lines of the panel row at `w` (kPanel floats) to be brought in ahead of use.
+inline void prefetch_panel_row(const float* w) {
+  for (int64_t c = 0; c < kPanel; c += kLineFloats) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + c), _MM_HINT_T1);
+  }
+}
 
 // R rows of x against NP consecutive panels at w; y gets the first `columns` of the tile's
-// NP * kPanel outputs (fewer at the weight's last panel).
+// NP * kPanel outputs (fewer at the weight's last panel). With two or more rows, the
+// `next_panels` panels at `next` (the next tile's) are prefetched on the way.
 template <int R, int NP>
-inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t columns) {
+inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t columns,
+                 const float* next, int64_t next_panels) {
   Reg acc[R][NP][2];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = broadcast(0.f);
@@ -69,6 +88,9 @@ inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N,
     for (int p = 0; p < NP; ++p) {
       lo[p] = load(w + p * panel_stride + k * kPanel);
       hi[p] = load(w + p * panel_stride + k * kPanel + kLanes);
+    }
+    for (int64_t p = 0; R > 1 && p < next_panels; ++p) {
+      prefetch_panel_row(next + p * panel_stride + k * kPanel);
     }
     for (int r = 0; r < R; ++r) {
       const Reg xv = broadcast(x[r * K + k]);
@@ -95,13 +117,15 @@ inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N,
   }
 }
 
-// kRowTile rows of x packed as xt[K][kRowTile] (the broadcasts read one stream) against one panel.
+// kRowTile rows of x packed as xt[K][kRowTile] (the broadcasts read one stream) against one
+// panel, prefetching the panel at `next` on the way unless it is null.
 inline void full_tile(const float* xt, int64_t K, const float* w, float* y, int64_t N,
-                      int64_t columns) {
+                      int64_t columns, const float* next) {
   Reg acc[kRowTile][2];
   for (int r = 0; r < kRowTile; ++r) acc[r][0] = acc[r][1] = broadcast(0.f);
   for (int64_t k = 0; k < K; ++k) {
     const Reg lo = load(w + k * kPanel), hi = load(w + k * kPanel + kLanes);
+    if (next != nullptr) prefetch_panel_row(next + k * kPanel);
     for (int r = 0; r < kRowTile; ++r) {
       const Reg xv = broadcast(xt[k * kRowTile + r]);
       acc[r][0] = fma(xv, lo, acc[r][0]);
@@ -125,16 +149,19 @@ inline void full_tile(const float* xt, int64_t K, const float* w, float* y, int6
 // Panels per tile for a tile of `rows` rows: about a dozen accumulators in all.
 constexpr int64_t panels_for(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
 
-// `rows` (< kRowTile) rows against `np` panels, in tiles of panels_for(rows) panels.
+// `rows` (< kRowTile) rows against `np` panels, in tiles of panels_for(rows) panels; the
+// weight has `panels_after` more panels after them (a tile's prefetch may reach into those).
 void few_rows(int64_t rows, const float* x, int64_t K, const float* w, int64_t np, float* y,
-              int64_t N, int64_t columns) {
+              int64_t N, int64_t columns, int64_t panels_after) {
   const int64_t step = panels_for(rows);
   for (int64_t p = 0; p < np; p += step) {
     const int64_t n = std::min(step, np - p);
     const float* wp = w + p * K * kPanel;
+    const float* next = wp + n * K * kPanel;
+    const int64_t next_panels = std::min(n, np - p - n + panels_after);
     float* yp = y + p * kPanel;
     const int64_t c = columns - p * kPanel;
-#define OCTAVO_TILE(R, NP) tile<R, NP>(x, K, wp, yp, N, c)
+#define OCTAVO_TILE(R, NP) tile<R, NP>(x, K, wp, yp, N, c, next, next_panels)
     switch (rows * 8 + n) {
       case 1 * 8 + 4: OCTAVO_TILE(1, 4); break;
       case 1 * 8 + 3: OCTAVO_TILE(1, 3); break;
@@ -226,13 +253,14 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
       const int64_t full = m0 + (m1 - m0) / kRowTile * kRowTile;
       for (int64_t p = p0; p < p0 + np; ++p) {  // each panel stays in L1 across the row tiles
         for (int64_t m = m0; m < full; m += kRowTile) {
+          const float* next = m == m0 && p + 1 < P ? wp + (p + 1) * K * kPanel : nullptr;
           full_tile(xt + m * K, K, wp + p * K * kPanel, yp + m * N + p * kPanel, N,
-                    N - p * kPanel);
+                    N - p * kPanel, next);
         }
       }
       if (full < m1) {
         few_rows(m1 - full, xp + full * K, K, wp + p0 * K * kPanel, np,
-                 yp + full * N + p0 * kPanel, N, N - p0 * kPanel);
+                 yp + full * N + p0 * kPanel, N, N - p0 * kPanel, P - p0 - np);
       }
     }
   });
