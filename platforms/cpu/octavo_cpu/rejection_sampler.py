@@ -4,7 +4,10 @@ Same results as ``octavo.ops.reference.rejection_sample`` for the same draws, wi
 traffic: the acceptance test reads one probability per draft (not the draft's whole target
 row), argmax rows are read only for greedy requests, the request layout is computed with numpy
 on the host (the counts are host integers already), and an all-greedy batch never touches the
-noise.
+noise. An all-greedy batch (the usual case of a benchmark, and of n-gram drafts at batch 1) is
+one argmax over the target rows and the rest in numpy: a handful of calls where the general
+path makes a few dozen torch calls, each costing more than its arithmetic on a verify step's
+few rows.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ def rejection_sample(
     first = np.cumsum(k) - k
     owner = np.repeat(np.arange(num_reqs), k)
     offset = np.arange(num_drafts) - first[owner]
+    is_greedy = temperature == 0
+    if bool(is_greedy.all()):
+        return greedy_verify(draft_token_ids, k, first, owner, offset, target_probs)
     owner_t, offset_t = torch.from_numpy(owner), torch.from_numpy(offset)
     target_row = torch.from_numpy(first[owner] + owner + offset)
     drafts = draft_token_ids.long()
-    is_greedy = temperature == 0
 
     # Accept each draft on its own: greedy rows compare with the argmax, the others race a uniform.
     p_draft = target_probs[target_row, drafts]
@@ -72,3 +77,22 @@ def rejection_sample(
         last = torch.where(is_greedy, last, (weights / noise).argmax(-1))
     out[reqs, rejected_at] = last
     return out
+
+
+def greedy_verify(draft_token_ids, k, first, owner, offset, target_probs) -> torch.Tensor:
+    """Every request greedy: its drafts are kept while each is the target's argmax at its
+    position, then the argmax after the last kept one (the recovered or bonus token).
+    ``k [R]`` drafts per request, ``first`` each one's first draft in the flat drafts,
+    ``owner`` / ``offset`` each draft's request and place in it."""
+    num_reqs = len(k)
+    best = target_probs.argmax(-1).numpy()  # [sum(k + 1)]: request r's rows start at first + r
+    drafts = draft_token_ids.numpy()
+    rejected_at = k.copy()  # the first draft that is not the argmax (k: none)
+    wrong = best[first[owner] + owner + offset] != drafts
+    np.minimum.at(rejected_at, owner[wrong], offset[wrong])
+    out = np.full((num_reqs, int(k.max(initial=0)) + 1), -1, dtype=np.int64)
+    keep = offset < rejected_at[owner]
+    out[owner[keep], offset[keep]] = drafts[keep]
+    reqs = np.arange(num_reqs)
+    out[reqs, rejected_at] = best[first + reqs + rejected_at]
+    return torch.from_numpy(out)
