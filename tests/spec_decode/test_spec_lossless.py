@@ -178,6 +178,23 @@ def test_a_request_at_the_context_limit_is_never_scheduled_past_it(target_model)
     assert_pool_clean(llm)
 
 
+@pytest.mark.parametrize("method", ["eagle", "gumiho"])
+def test_a_head_drafts_fewer_for_a_request_near_the_context_limit(
+    target_model, eagle_head, gumiho_head, method
+):
+    """A request close to max_model_len drafts fewer tokens than its neighbour far from it (the
+    head's rows part ways between draft steps); both run to the limit with the tokens of plain
+    decoding."""
+    prompts = [[5, 6, 7, 8] * 12 + [9, 10], [11, 12, 13] * 3]
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    expected = token_ids(generate(make_llm(target_model, max_model_len=64), prompts, params))
+    spec = eagle(eagle_head, 3) if method == "eagle" else gumiho(gumiho_head, 4)
+    llm = make_llm(target_model, spec, max_model_len=64)
+    assert token_ids(generate(llm, prompts, params)) == expected
+    assert [len(t) for t in expected] == [64 - len(p) for p in prompts]
+    assert_pool_clean(llm)
+
+
 def test_n_greater_than_one_speculates_per_child(target_model):
     params = SamplingParams(n=3, temperature=0.0, max_tokens=24, ignore_eos=True)
     prompts = PROMPTS[:8]

@@ -201,7 +201,8 @@ class EagleProposer:
         active, hidden = np.arange(len(rows)), predicted
         for j in range(steps):
             keep = num_drafts[active] > j
-            active, hidden = active[keep], hidden[torch.from_numpy(keep).to(self.device)]
+            if not keep.all():  # rows near max_model_len draft fewer
+                active, hidden = active[keep], hidden[torch.from_numpy(keep).to(self.device)]
             if len(active) == 0:
                 break
             at = positions[active] + j

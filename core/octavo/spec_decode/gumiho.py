@@ -150,8 +150,9 @@ class GumihoProposer(EagleProposer):
         keep = more > 0
         if not keep.any():
             return
-        active, more = active[keep], more[keep]
-        hidden = hidden[torch.from_numpy(keep).to(self.device)]
+        if not keep.all():
+            active, more = active[keep], more[keep]
+            hidden = hidden[torch.from_numpy(keep).to(self.device)]
         last = torch.from_numpy(drafts[active, serial - 1]).to(self.device)
         predicted = self.model.draft_in_parallel(last, hidden, int(more.max()))  # [J, R', H]
         row, depth = ragged_index(more)  # the drafts each row still wants
