@@ -82,8 +82,8 @@ def rejection_sample(
 def greedy_verify(draft_token_ids, k, first, owner, offset, target_probs) -> torch.Tensor:
     """Every request greedy: its drafts are kept while each is the target's argmax at its
     position, then the argmax after the last kept one (the recovered or bonus token).
-    ``k [R]`` drafts per request, ``first`` each one's first draft in the flat drafts,
-    ``owner`` / ``offset`` each draft's request and place in it."""
+    ``k [R]`` drafts per request, ``first [R]`` where each request's drafts begin among the
+    flat drafts, ``owner`` / ``offset`` each draft's request and place in it."""
     num_reqs = len(k)
     best = target_probs.argmax(-1).numpy()  # [sum(k + 1)]: request r's rows start at first + r
     drafts = draft_token_ids.numpy()
