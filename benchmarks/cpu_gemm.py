@@ -93,6 +93,8 @@ def whole_model(
         for k, n in layers
     ]
     if only is not None:
+        if only not in per_layer[0]:
+            raise SystemExit(f"no {only!r} GEMM for {dtype} here (variants: {list(per_layer[0])})")
         per_layer = [{only: fns[only]} for fns in per_layer]
     names = list(per_layer[0])
     passes = {name: (lambda name=name: [fns[name]() for fns in per_layer]) for name in names}
@@ -120,10 +122,10 @@ def main() -> None:
     if args.whole_model:
         print("| model | dtype | tokens | variant | ms per pass | vs F.linear |")
         print("|---|---|---|---|---|---|")
+        only = "compiled" if args.compiled_only else None
         for model in args.model:
             dtype = getattr(torch, args.dtype) if args.dtype else MODEL_DTYPES[model]
             for tokens in args.tokens:
-                only = "compiled" if args.compiled_only else None
                 result = whole_model(model, dtype, tokens, args.repeats, only)
                 for name, us in result.items():
                     speedup = f"{result['F.linear'] / us:.2f}x" if "F.linear" in result else ""

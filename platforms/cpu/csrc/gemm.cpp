@@ -20,9 +20,9 @@
 // of the last-level cache. So such tiles prefetch the next tile's panels as they go (the line
 // at the same k; a whole-row tile, the next panel while its first rows pass). One thread, one
 // pass over the demo model's 17 layers (16 MB, from L3) on a Zen 3: 2-3 rows x1.1-1.3 faster,
-// 4-6 rows x1.7-1.8, 8-32 rows x1.1-1.4; 1 row (no prefetch) and, on two threads, 64 or more
-// rows about the same. Weights that stream from DRAM gain little (BENCHMARKS.md, issue 16
-// eighth part).
+// 4-6 rows x1.4-1.8 (over runs on a noisy host), 8-32 rows x1.1-1.4; 1 row (no prefetch) and,
+// on two threads, 64 or more rows about the same. Weights that stream from DRAM gain little
+// (BENCHMARKS.md, issue 16 eighth part).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
