@@ -33,11 +33,12 @@ def rejection_sample(
     first = np.cumsum(k) - k
     owner = np.repeat(np.arange(num_reqs), k)
     offset = np.arange(num_drafts) - first[owner]
+    row_of_draft = first[owner] + owner + offset  # request r's target rows start at first + r
     is_greedy = temperature == 0
     if bool(is_greedy.all()):
-        return greedy_verify(draft_token_ids, k, first, owner, offset, target_probs)
+        return greedy_verify(draft_token_ids, k, first, owner, offset, row_of_draft, target_probs)
     owner_t, offset_t = torch.from_numpy(owner), torch.from_numpy(offset)
-    target_row = torch.from_numpy(first[owner] + owner + offset)
+    target_row = torch.from_numpy(row_of_draft)
     drafts = draft_token_ids.long()
 
     # Accept each draft on its own: greedy rows compare with the argmax, the others race a uniform.
@@ -79,16 +80,19 @@ def rejection_sample(
     return out
 
 
-def greedy_verify(draft_token_ids, k, first, owner, offset, target_probs) -> torch.Tensor:
+def greedy_verify(
+    draft_token_ids, k, first, owner, offset, row_of_draft, target_probs
+) -> torch.Tensor:
     """Every request greedy: its drafts are kept while each is the target's argmax at its
     position, then the argmax after the last kept one (the recovered or bonus token).
     ``k [R]`` drafts per request, ``first [R]`` where each request's drafts begin among the
-    flat drafts, ``owner`` / ``offset`` each draft's request and place in it."""
+    flat drafts, ``owner`` / ``offset`` / ``row_of_draft`` each draft's request, place in it
+    and target row."""
     num_reqs = len(k)
     best = target_probs.argmax(-1).numpy()  # [sum(k + 1)]: request r's rows start at first + r
     drafts = draft_token_ids.numpy()
     rejected_at = k.copy()  # the first draft that is not the argmax (k: none)
-    wrong = best[first[owner] + owner + offset] != drafts
+    wrong = best[row_of_draft] != drafts
     np.minimum.at(rejected_at, owner[wrong], offset[wrong])
     out = np.full((num_reqs, int(k.max(initial=0)) + 1), -1, dtype=np.int64)
     keep = offset < rejected_at[owner]
