@@ -15,6 +15,7 @@ from spec_helpers import (
     assert_pool_clean,
     eagle,
     generate,
+    gumiho,
     make_llm,
     mixed_params,
     mixed_prompts,
@@ -154,3 +155,33 @@ def test_the_heads_kv_is_the_same_whether_or_not_a_step_drafted(target_model, ea
     assert never.engine.core.scheduler.spec_stats.num_drafts == 0
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head", ["p_eagle_head", "gumiho_head"])
+def test_greedy_drafts_taken_in_one_argmax_are_those_sampled_depth_by_depth(
+    request, target_model, head
+):
+    """Where every row is greedy and no logits processor adjusts one, the drafts scored in one
+    pass (P-EAGLE's, Gumiho's MLP heads') come from one argmax; a logit bias of zero sends the
+    same requests through the processors and depth by depth, and must draft the same."""
+    path = request.getfixturevalue(head)
+    config = eagle(path, 4, parallel_drafting=True) if head == "p_eagle_head" else gumiho(path, 4)
+    prompts = mixed_prompts(4, seed=2)
+    runs = []
+    for overrides in ({}, {"logit_bias": {0: 0.0}}):
+        llm = make_llm(target_model, config)
+        proposer = llm.engine.core.runner.speculation.proposer
+        drafted, unprocessed = [], []
+
+        def recorded(context, propose=proposer.propose, drafted=drafted, flags=unprocessed):
+            drafts, num_drafts = propose(context)
+            flags.append(context.process_logits is None)
+            drafted.append([row[:n].tolist() for row, n in zip(drafts, num_drafts)])
+            return drafts, num_drafts
+
+        proposer.propose = recorded
+        generate(llm, prompts, mixed_params(len(prompts), seed=2, **overrides))
+        runs.append((drafted, unprocessed))
+    (at_once, unprocessed), (in_order, processed) = runs
+    assert unprocessed and all(unprocessed) and not any(processed)
+    assert at_once == in_order

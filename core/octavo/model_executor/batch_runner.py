@@ -11,7 +11,7 @@ tpu platform's JAX runner) build on this and differ in how they run the model an
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -28,13 +28,22 @@ from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.verifier import positions_per_row
 from octavo.structured_output.bitmask import GrammarBitmask
 
-LogitsProcessor = Callable[[torch.Tensor, InputBatch, np.ndarray, np.ndarray], torch.Tensor]
-"""``fn(logits [S, V] fp32, batch, rows [S], num_tokens [S]) -> logits``: adjusts logits row
-``i``, the next token of batch row ``rows[i]`` after its first ``num_tokens[i]`` tokens in
-``batch.token_ids`` (penalties, logit bias, min_tokens, grammar bitmasks). Without drafts each
-row appears once with all its tokens; a row verifying drafts appears once per draft position,
-the drafts before it counted. A processor that cannot adjust some rows adjusts the others in
-place, then raises a RequestError naming those."""
+
+class LogitsProcessor(Protocol):
+    """``processor(logits [S, V] fp32, batch, rows [S], num_tokens [S]) -> logits``: adjusts
+    logits row ``i``, the next token of batch row ``rows[i]`` after its first ``num_tokens[i]``
+    tokens in ``batch.token_ids`` (penalties, logit bias, min_tokens, grammar bitmasks). Without
+    drafts each row appears once with all its tokens; a row verifying drafts appears once per
+    draft position, the drafts before it counted. A processor that cannot adjust some rows
+    adjusts the others in place, then raises a RequestError naming those."""
+
+    def applies_to(self, batch: InputBatch, rows: np.ndarray) -> bool:
+        """Whether it may adjust any of ``rows``: their requests' settings decide, not their
+        tokens, so the answer holds for every position of a step."""
+
+    def __call__(
+        self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray, num_tokens: np.ndarray
+    ) -> torch.Tensor: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +282,10 @@ class BatchRunner:
             return None
         self.logits_indices.np[: len(indices)] = indices
         return self.logits_indices.to_device(len(indices))
+
+    def adjusts_logits(self, rows: np.ndarray) -> bool:
+        """Whether a logits processor may adjust any of the batch rows ``rows``."""
+        return any(p.applies_to(self.input_batch, rows) for p in self.logits_processors)
 
     def process_logits(
         self,

@@ -24,6 +24,9 @@ class SamplingPenalties:
         self.requests = requests
         self.eos_token_ids = tuple(eos_token_ids)
 
+    def applies_to(self, batch: InputBatch, rows: np.ndarray) -> bool:
+        return bool(batch.adjusts_logits[rows].any())
+
     def __call__(
         self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray, num_tokens: np.ndarray
     ) -> torch.Tensor:

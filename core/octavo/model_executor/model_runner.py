@@ -206,9 +206,9 @@ class ModelRunner(BatchRunner):
                 rows, tokens, row_logprobs, failed, sampled_token_ids, logprobs
             )
             if self.speculation is not None:
-                context = ProposeContext(
-                    batch, rows[kept], step, step_hidden_states, self.process_logits
-                )
+                proposing = rows[kept]
+                process = self.process_logits if self.adjusts_logits(proposing) else None
+                context = ProposeContext(batch, proposing, step, step_hidden_states, process)
                 spec_token_ids = self.speculation.propose(context, step.propose_all)
         return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed, spec_token_ids)
 

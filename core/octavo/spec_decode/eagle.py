@@ -215,7 +215,14 @@ class EagleProposer:
     def _sample_in_order(self, context, active, depth, first_j: int, at, logits, drafts, probs):
         """Drafts ``first_j + depth[i]`` of rows ``active[i]`` (indices into ``context.rows``)
         at positions ``at[i]`` from ``logits [N, V]`` (one row each), scored at once, sampled
-        depth by depth so that each one's logits processors see the drafts before it."""
+        depth by depth so that each one's logits processors see the drafts before it; where
+        no processor adjusts the rows and every one is greedy, one argmax takes them all."""
+        batch, rows = context.batch, context.rows
+        if context.process_logits is None and not batch.temperature[rows[active]].any():
+            sampled = logits.argmax(dim=-1).cpu().numpy()
+            drafts[active, first_j + depth] = sampled
+            batch.token_ids[rows[active], at + 2] = sampled
+            return
         for j in range(int(depth.max(initial=-1)) + 1):
             here = np.flatnonzero(depth == j)
             index = torch.from_numpy(here).to(self.device)

@@ -24,7 +24,8 @@ class ProposeContext:
     target model's output for it, for proposers that read them. ``process_logits(logits, rows,
     num_tokens, failed)`` runs the runner's logits processors (penalties, logit bias,
     min_tokens), for proposers that draft from a distribution: a draft written at
-    ``batch.token_ids[row, batch.num_tokens[row] + j]`` counts for the positions after it.
+    ``batch.token_ids[row, batch.num_tokens[row] + j]`` counts for the positions after it. It
+    is None where no processor adjusts any of the rows' logits.
     """
 
     batch: "InputBatch"

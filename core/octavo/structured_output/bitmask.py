@@ -43,6 +43,9 @@ class GrammarBitmask:
             self.matchers[req_id] = matcher
         return matcher
 
+    def applies_to(self, batch, rows: np.ndarray) -> bool:
+        return bool(batch.constrained[rows].any())
+
     def __call__(self, logits: torch.Tensor, batch, rows: np.ndarray, num_tokens: np.ndarray):
         positions = np.flatnonzero(batch.constrained[rows])
         if len(positions) == 0:
