@@ -283,7 +283,7 @@ class BatchRunner:
         self.logits_indices.np[: len(indices)] = indices
         return self.logits_indices.to_device(len(indices))
 
-    def adjusts_logits(self, rows: np.ndarray) -> bool:
+    def processes_logits(self, rows: np.ndarray) -> bool:
         """Whether a logits processor may adjust any of the batch rows ``rows``."""
         return any(p.applies_to(self.input_batch, rows) for p in self.logits_processors)
 

@@ -207,7 +207,7 @@ class ModelRunner(BatchRunner):
             )
             if self.speculation is not None:
                 proposing = rows[kept]
-                process = self.process_logits if self.adjusts_logits(proposing) else None
+                process = self.process_logits if self.processes_logits(proposing) else None
                 context = ProposeContext(batch, proposing, step, step_hidden_states, process)
                 spec_token_ids = self.speculation.propose(context, step.propose_all)
         return ModelRunnerOutput(req_ids, sampled_token_ids, logprobs, failed, spec_token_ids)
