@@ -1,6 +1,7 @@
 """The EAGLE proposer: a head made of its one-layer target's own layer drafts what the target
 would nearly always, and its drafts are the same batched, alone and in small chunks (its KV
-bookkeeping follows every step); a head that does not fit the target is refused."""
+bookkeeping follows every step), and taken in one argmax or depth by depth; a head that does not
+fit the target is refused."""
 
 from __future__ import annotations
 
