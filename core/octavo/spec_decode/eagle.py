@@ -216,12 +216,12 @@ class EagleProposer:
         """Drafts ``first_j + depth[i]`` of rows ``active[i]`` (indices into ``context.rows``)
         at positions ``at[i]`` from ``logits [N, V]`` (one row each), scored at once, sampled
         depth by depth so that each one's logits processors see the drafts before it; where
-        no processor adjusts the rows and every one is greedy, one argmax takes them all."""
-        batch, rows = context.batch, context.rows
-        if context.process_logits is None and not batch.temperature[rows[active]].any():
+        no processor adjusts the rows and every one is greedy (no ``probs`` to fill), one
+        argmax takes them all."""
+        if context.process_logits is None and probs is None:
             sampled = logits.argmax(dim=-1).cpu().numpy()
             drafts[active, first_j + depth] = sampled
-            batch.token_ids[rows[active], at + 2] = sampled
+            context.batch.token_ids[context.rows[active], at + 2] = sampled
             return
         for j in range(int(depth.max(initial=-1)) + 1):
             here = np.flatnonzero(depth == j)
