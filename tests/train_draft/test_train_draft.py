@@ -196,3 +196,34 @@ def test_a_short_gumiho_run_writes_a_head_that_serves(target, tmp_path):
     assert len(metrics["history"][0]["top1_agreement"]) == 6  # 2 serial drafts, 4 parallel
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["GumihoHead"] and config["num_parallel_heads"] == 4
+
+
+def test_init_starts_a_p_eagle_head_from_an_eagle_head(target, tmp_path, capsys):
+    """``--init``: the tensors both heads have start from the given head's (with a zero learning
+    rate they are saved unchanged), the mask inputs from the seed; a head made for another
+    target is refused."""
+    from safetensors.torch import load_file
+
+    init = write_random_eagle_head(tmp_path / "eagle", target, seed=6)
+    data = tmp_path / "text"
+    data.mkdir()
+    for i in range(40):
+        (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+    out = tmp_path / "p-eagle"
+    argv = ["train-draft", str(target), "--method", "p-eagle", "--data", str(data)]
+    argv += ["--steps", "2", "--stop-after", "1", "--batch-size", "2", "--window", "32"]
+    argv += ["--threads", "1", "--lr", "0", "--init", str(init)]
+    assert main([*argv, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["init"]["from_seed"] == ["mask_embedding", "mask_hidden"]
+    started = load_file(str(init / "model.safetensors"))
+    saved = load_file(str(out / "model.safetensors"))
+    assert sorted(started) == metrics["init"]["loaded"]
+    for name, tensor in started.items():
+        torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0)
+
+    config = json.loads((init / "config.json").read_text())
+    (init / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
+    assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
+    assert "hidden_size 32" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()

@@ -47,6 +47,13 @@ def add_train_draft_parser(commands) -> None:
         help="a folder name under --data to leave out (repeatable)",
     )
     parser.add_argument("--out", required=True, help="the folder to write the head to")
+    parser.add_argument(
+        "--init",
+        default=None,
+        help="a trained head's folder to start from (for example an EAGLE head for a P-EAGLE "
+        "or Gumiho head of the same target): each tensor this head has by the same name and "
+        "shape starts from it, the others from the seed",
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument(
         "--stop-after",
@@ -94,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         json.loads((target_dir / "config.json").read_text()), method
     )
     head = head_cls(LlamaConfig(**config), target)
+    init = None if args.init is None else warm_start(head, config, Path(args.init))
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
     history = _train(head, optimizer, windows, args, lambda batch: loss_fn(head, batch, method))
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
             "held_out_files": len(files.held_out),
             "train_windows": len(windows),
         },
+        "init": init,
         "history": history,
         "acceptance": acceptance,
     }
@@ -121,6 +130,34 @@ def _run(args: argparse.Namespace) -> int:
     _plot(history, out / "loss_curve.png")
     print(json.dumps({"acceptance": acceptance, "final": history[-1]}, indent=2))
     return 0
+
+
+def warm_start(head: TrainableEagleHead, config: dict, folder: Path) -> dict:
+    """Load into ``head`` (of checkpoint ``config``) the tensors of the head in ``folder`` that
+    it has by name and shape; what was loaded and what keeps its seeded initial values."""
+    from safetensors.torch import load_file
+
+    where = f"--init {str(folder)!r}"
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise ValueError(f"{where} is not a head folder (config.json and model.safetensors)")
+    init_config = json.loads((folder / "config.json").read_text())
+    for field in ("hidden_size", "vocab_size"):
+        if init_config.get(field) != config[field]:
+            raise ValueError(
+                f"{where} was trained for a target with {field} {init_config.get(field)}, this "
+                f"target has {config[field]}: start from a head of this target"
+            )
+    own = head.head_state_dict()
+    tensors = load_file(str(folder / "model.safetensors"))
+    shared = {k: v for k, v in tensors.items() if k in own and own[k].shape == v.shape}
+    if not shared:
+        raise ValueError(f"{where} has no tensor of this head's names and shapes")
+    head.load_state_dict(shared, strict=False)
+    return {
+        "folder": str(folder),
+        "loaded": sorted(shared),
+        "from_seed": sorted(set(own) - set(shared)),
+    }
 
 
 def _train(head, optimizer, windows, args, loss_of_batch) -> list[dict]:
