@@ -82,6 +82,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def test_a_port_in_use_is_refused_before_the_engine_starts(monkeypatch):
+    """The server binds its port before building the engine (so nothing the engine starts, such
+    as a tensor-parallel rendezvous on a free port, can take it): a port in use is a ConfigError
+    naming it, and no engine is built."""
+    built = []
+    monkeypatch.setattr("octavo.engine.llm_engine.LLMEngine.__init__", built.append)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = build_parser().parse_args(["serve", "--port", str(port)])
+        with pytest.raises(ConfigError, match=f"cannot serve on 127.0.0.1:{port}.*--port"):
+            serve.run_serve(args)
+    assert built == []
+    with serve.listening_socket("127.0.0.1", port) as sock:  # free again: bound, not listening
+        assert sock.getsockname()[1] == port
+
+
 @pytest.mark.slow
 def test_sigterm_lets_10_streams_finish_then_exits_0(server_model: Path):
     port = free_port()

@@ -7,6 +7,7 @@ import importlib.resources
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Optional
 
@@ -144,9 +145,14 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=tool_call_parser,
         enable_auto_tool_choice=auto_tool_choice,
     )
+    listening = listening_socket(args.host, args.port)
     # uvicorn restores this handler after its graceful shutdown and re-raises the signal: exit 0.
     signal.signal(signal.SIGTERM, _exit_zero)
-    app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
+    try:
+        app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
+    except BaseException:
+        listening.close()
+        raise
     uvicorn_config = uvicorn.Config(
         app,
         host=args.host,
@@ -155,8 +161,26 @@ def run_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.shutdown_timeout,
         access_log=not args.disable_log_requests,
     )
-    uvicorn.Server(uvicorn_config).run()
+    uvicorn.Server(uvicorn_config).run(sockets=[listening])
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the engine starts: nothing the engine does takes the
+    port first (a tensor-parallel rendezvous picks any free port), and a port in use is refused
+    before the model loads. uvicorn listens on it once the engine is up."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}; pass a free --port "
+            "(or --host an address of this machine)"
+        ) from None
+    return sock  # not inheritable: spawned tensor-parallel workers do not hold it
 
 
 def _exit_zero(signum: int, frame: object) -> None:
