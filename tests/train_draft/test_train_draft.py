@@ -76,11 +76,17 @@ def test_the_engine_runs_the_head_that_was_trained(target, tmp_path):
     torch.testing.assert_close(served, wanted, atol=1e-4, rtol=1e-4)
 
 
-def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
+def _corpus(tmp_path):
+    """A folder of 40 small Python files to train on."""
     data = tmp_path / "text"
     data.mkdir()
     for i in range(40):  # one file in twenty is held out, by a hash of its name
         (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
+    return data
+
+
+def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
+    data = _corpus(tmp_path)
     out = tmp_path / "head"
     argv = ["train-draft", str(target), "--data", str(data), "--out", str(out), "--steps", "12"]
     argv += ["--batch-size", "2", "--window", "32", "--threads", "1", "--eval-prompts", "2"]
@@ -143,10 +149,7 @@ def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path):
 
 def _short_run(target, tmp_path, method: str):
     """``(head folder, metrics)`` of a 12-step ``--method`` run on a tiny corpus."""
-    data = tmp_path / "text"
-    data.mkdir()
-    for i in range(40):
-        (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
+    data = _corpus(tmp_path)
     out = tmp_path / "head"
     argv = ["train-draft", str(target), "--method", method, "--data", str(data)]
     argv += ["--out", str(out), "--steps", "12", "--batch-size", "2", "--window", "32"]
@@ -205,10 +208,7 @@ def test_init_starts_a_p_eagle_head_from_an_eagle_head(target, tmp_path, capsys)
     from safetensors.torch import load_file
 
     init = write_random_eagle_head(tmp_path / "eagle", target, seed=6)
-    data = tmp_path / "text"
-    data.mkdir()
-    for i in range(40):
-        (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+    data = _corpus(tmp_path)
     out = tmp_path / "p-eagle"
     argv = ["train-draft", str(target), "--method", "p-eagle", "--data", str(data)]
     argv += ["--steps", "2", "--stop-after", "1", "--batch-size", "2", "--window", "32"]
