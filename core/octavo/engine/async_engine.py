@@ -11,7 +11,7 @@ the thread records the error, fails every request in flight and exits; ``is_aliv
 
 Why a thread rather than a process: a thread hands outputs to the event loop without
 serialising them, and the model's forward runs in torch kernels that release the GIL. The cost is
-that the event loop's Python work (SSE framing, JSON, h11) and the engine's own Python work take
+that the event loop's Python work (SSE framing, JSON, HTTP) and the engine's own Python work take
 turns on the GIL. benchmarks/serve_overhead.py measures what that costs against the offline
 engine; a process split (as vLLM V1 does) is the next step if it shows the server HTTP-bound.
 """
