@@ -1,4 +1,4 @@
-"""``octavo bench serve --no-keep-alive`` against an in-process stand-in for llama-server, which
+"""``octavo bench serve``'s connections against an in-process stand-in for llama-server, which
 offers keep-alive but closes the connection after every response."""
 
 from __future__ import annotations
@@ -78,3 +78,13 @@ def test_no_keep_alive_opens_one_connection_per_request():
 def test_keep_alive_is_the_default():
     args = build_parser().parse_args(["bench", "serve"])
     assert args.no_keep_alive is False
+
+
+def test_keep_alive_survives_a_server_that_closes_after_each_response():
+    # Each pooled connection is found closed on its first read and the request is sent again
+    # on a new one: nothing fails, every request reaches the server once.
+    runs, seen, connections = asyncio.run(_sweep_against_fake_server([]))
+    assert [(r["completed"], r["failed"], r["output_tokens"]) for r in runs] == [(4, 0, 12)] * 2
+    assert len(seen) == connections == 1 + 1 + 4 + 8
+    assert {s["connection"] for s in seen} == {"keep-alive"}
+    assert all(r["client_cpu_ms_per_output_token"] > 0 for r in runs)

@@ -22,6 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from octavo.bench.datasets import BenchRequest, add_dataset_args, load_requests
+from octavo.bench.http_client import HTTPClient, HTTPError
 from octavo.bench.report import SPEC_COLUMNS, plot_serve, print_table, summarize, write_json
 
 DEFAULT_CONCURRENCY = "1,10,50,100"
@@ -89,7 +90,8 @@ def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         action="store_true",
         help="a new connection for every request (sent with Connection: close), for servers "
         "that close a connection after a streamed response although they offer keep-alive "
-        "(llama.cpp's llama-server): a reused connection then fails",
+        "(llama.cpp's llama-server; a pooled connection found closed is retried on a new one "
+        "either way, one connection per request spares the failed attempt)",
     )
     parser.add_argument("--output-json", type=Path, default=None)
     parser.add_argument(
@@ -113,10 +115,8 @@ def _parse_sweep(text: str) -> list[int]:
     return levels
 
 
-async def send_request(client, model: str, request: BenchRequest) -> RequestResult:
-    """Stream one completion on an httpx AsyncClient; record the arrival of every chunk carrying a
-    token."""
-    httpx = import_httpx()
+async def send_request(client: HTTPClient, model: str, request: BenchRequest) -> RequestResult:
+    """Stream one completion; record the arrival of every chunk carrying a token."""
     body = {
         "model": model,
         "prompt": list(request.prompt_token_ids),
@@ -130,27 +130,21 @@ async def send_request(client, model: str, request: BenchRequest) -> RequestResu
     start = last = time.perf_counter()
     chunks = 0
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                    continue
-                now, chunk = time.perf_counter(), json.loads(line[5:])
-                if chunk.get("usage"):
-                    result.output_tokens = chunk["usage"]["completion_tokens"]
-                choice = (chunk.get("choices") or [{}])[0]
-                if not chunk.get("choices") or (
-                    not choice.get("text") and choice.get("finish_reason")
-                ):
-                    continue
-                if chunks == 0:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last, chunks = now, chunks + 1
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        async for now, data in client.post_stream("/v1/completions", json.dumps(body).encode()):
+            if data == b"[DONE]":
+                continue
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                result.output_tokens = chunk["usage"]["completion_tokens"]
+            choice = (chunk.get("choices") or [{}])[0]
+            if not chunk.get("choices") or (not choice.get("text") and choice.get("finish_reason")):
+                continue
+            if chunks == 0:
+                result.ttft = now - start
+            else:
+                result.itl.append(now - last)
+            last, chunks = now, chunks + 1
+    except (HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result
     result.latency = time.perf_counter() - start
@@ -195,7 +189,7 @@ async def run_level(
             slots.release()
             progress.update(1)
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     tasks = []
     for request in requests:
         if math.isfinite(args.request_rate) and tasks:
@@ -206,11 +200,16 @@ async def run_level(
             break
         tasks.append(asyncio.create_task(one(request)))
     results = await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
+    elapsed, client_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     stop.set()
     if sampler:
         await sampler
-    return level_figures(results, elapsed, concurrency, peak[0] or None)
+    figures = level_figures(results, elapsed, concurrency, peak[0] or None)
+    # What measuring cost: on a small host the client's CPU time is taken from the server.
+    figures["client_cpu_ms_per_output_token"] = (
+        1000 * client_cpu / figures["output_tokens"] if figures["output_tokens"] else None
+    )
+    return figures
 
 
 def level_figures(
@@ -271,13 +270,13 @@ async def spec_decode_counters(client) -> Optional[dict[str, float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        response = await client.get("/metrics")
-    except Exception:  # noqa: BLE001 - a server without /metrics reports no acceptance
+        status, text = await client.get("/metrics")
+    except HTTPError:  # a server without /metrics reports no acceptance
         return None
-    if response.status_code != 200:
+    if status != 200:
         return None
     counters: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
+    for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
             for name in SPEC_COUNTERS:
                 if sample.name.endswith(f"spec_decode_{name}_total") and not sample.labels:
@@ -295,10 +294,11 @@ def spec_decode_figures(before: dict[str, float], after: dict[str, float]) -> di
     }
 
 
-async def _model_name(client) -> str:
-    response = await client.get("/v1/models")
-    response.raise_for_status()
-    return response.json()["data"][0]["id"]
+async def _model_name(client: HTTPClient) -> str:
+    status, body = await client.get("/v1/models")
+    if status != 200:
+        raise HTTPError(f"GET /v1/models answered HTTP {status}: {body[:200]!r}")
+    return json.loads(body)["data"][0]["id"]
 
 
 async def run_sweep(
@@ -306,19 +306,13 @@ async def run_sweep(
 ) -> list[dict[str, Any]]:
     """Every concurrency of the sweep, one after another, on one HTTP client (its connections
     reused unless ``--no-keep-alive``)."""
-    httpx = import_httpx()
     levels = _parse_sweep(args.max_concurrency)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    pooled = max(levels) + 4
-    if args.no_keep_alive:
-        headers["Connection"] = "close"
-        pooled = 0
-    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=pooled)
-    async with httpx.AsyncClient(
-        base_url=args.base_url,
+    async with HTTPClient(
+        args.base_url,
         headers=headers,
-        limits=limits,
-        timeout=httpx.Timeout(args.request_timeout),
+        keep_alive=not args.no_keep_alive,
+        timeout=args.request_timeout,
     ) as client:
         model = args.model or await _model_name(client)
         for request in requests[: args.num_warmups]:
