@@ -70,7 +70,12 @@ def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         help="stop sending new requests after this many seconds",
     )
     parser.add_argument("--num-warmups", type=int, default=1)
-    parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a request may take from sending it to its last byte",
+    )
     parser.add_argument(
         "--server-pid", type=int, default=None, help="sample this process's peak resident memory"
     )
