@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from octavo.bench.http_client import HTTPClient, HTTPError
+from octavo.bench.http_client import HTTPClient, HTTPError, _sse_data
 
 pytest.importorskip("httptools")
 
@@ -79,14 +79,34 @@ def test_an_error_status_raises_with_the_body():
 
 
 def test_a_response_slower_than_the_timeout_fails():
+    # The server sends the head and then holds the body until the client has given up: the
+    # response cannot complete before the timeout, however fast or slow the machine.
     async def run():
-        server, url, _, _ = await _serve(lambda line, body: (200, [b"data: 1\n\n"] * 3, 0.5))
+        release = asyncio.Event()
+
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await release.wait()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         async with server, HTTPClient(url, timeout=0.2) as client:
             with pytest.raises(HTTPError, match="no complete response in 0.2 s"):
                 async for _ in client.post_stream("/v1/completions", b"{}"):
                     pass
+            release.set()
 
     asyncio.run(run())
+
+
+def test_sse_data_keeps_an_incomplete_event_for_the_next_read():
+    stream = b"data: 1\r\n\r\nevent: x\ndata: 2\n\n: comment\n\ndata: [DONE]\n\n"
+    for cut in range(len(stream) + 1):  # every split of the stream into two reads
+        first, rest = _sse_data(stream[:cut])
+        second, rest = _sse_data(rest + stream[cut:])
+        assert first + second == [b"1", b"2", b"[DONE]"] and rest == b""
 
 
 def test_a_refused_connection_and_a_bad_url_say_what_is_wrong():
