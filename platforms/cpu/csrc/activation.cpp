@@ -15,6 +15,8 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "work_sharing.h"
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -72,7 +74,7 @@ void silu_and_mul(at::Tensor out, const at::Tensor& gate, const at::Tensor& up) 
                                     scalar_t* o = out.data_ptr<scalar_t>();
                                     const int64_t gs = gate.stride(0), us = up.stride(0),
                                                   os = out.stride(0);
-                                    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+                                    OCTAVO_CPU_NAMESPACE::parallel_chunks(rows, 1, [&](int64_t begin, int64_t end) {
                                       for (int64_t r = begin; r < end; ++r) {
                                         silu_and_mul_rows(g + r * gs, u + r * us, o + r * os, n);
                                       }

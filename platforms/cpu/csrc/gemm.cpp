@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "work_sharing.h"
+
 #ifndef OCTAVO_CPU_NAMESPACE
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
@@ -235,7 +237,7 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
     buffer.resize(tiles * kRowTile * K);
   }
   float* xt = buffer.data();
-  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+  OCTAVO_CPU_NAMESPACE::parallel_chunks(tiles, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* dst = xt + t * kRowTile * K;
       for (int r = 0; r < kRowTile; ++r) {
@@ -245,8 +247,7 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
     }
   });
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  OCTAVO_CPU_NAMESPACE::parallel_workers(num_items, [&] {
     for (int64_t item = next++; item < num_items; item = next++) {
       const int64_t m0 = item / groups * chunk_rows, m1 = std::min(M, m0 + chunk_rows);
       const int64_t p0 = item % groups * kGroupPanels, np = std::min(kGroupPanels, P - p0);

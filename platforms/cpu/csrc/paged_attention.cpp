@@ -35,6 +35,8 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "work_sharing.h"
+
 namespace {
 
 constexpr int64_t kQueryTile = 16;       // query tokens of one request per work item
@@ -639,7 +641,7 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
   const T* k = key.data_ptr<T>();
   const T* v = value.data_ptr<T>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  at::parallel_for(0, num_tokens, 64, [&](int64_t begin, int64_t end) {
+  OCTAVO_CPU_NAMESPACE::parallel_chunks(num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
       if (slot < 0) continue;
@@ -690,7 +692,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
     }
     const int64_t count = static_cast<int64_t>(prefix_items.size());
     std::atomic<int64_t> next_prefix{0};
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
+    OCTAVO_CPU_NAMESPACE::parallel_workers(count, [&] {
       Scratch scratch;
       for (int64_t i = next_prefix++; i < count; i = next_prefix++) {
         const PrefixItem& item = prefix_items[i];
@@ -709,8 +711,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
     return item_cost(plan.items[a]) > item_cost(plan.items[b]);
   });
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  OCTAVO_CPU_NAMESPACE::parallel_workers(num_items, [&] {
     Scratch scratch;
     for (int64_t i = next++; i < num_items; i = next++) {
       run_item<T>(plan.items[order[i]], sh, q, o, k_cache, v_cache, table, qsl, lens,
@@ -719,7 +720,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
     }
   });
   const int64_t num_groups = static_cast<int64_t>(plan.groups.size());
-  at::parallel_for(0, num_groups, 1, [&](int64_t begin, int64_t end) {
+  OCTAVO_CPU_NAMESPACE::parallel_chunks(num_groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       merge_items<T>(plan.items, plan.groups[g].first, plan.groups[g].second, sh, o, qsl,
                      partial_acc.data(), partial_ml.data());

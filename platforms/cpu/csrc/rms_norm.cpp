@@ -18,6 +18,8 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "work_sharing.h"
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -97,7 +99,7 @@ void rms_norm_impl(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
     const scalar_t* rp = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
     scalar_t* sp = summed.has_value() ? summed->data_ptr<scalar_t>() : nullptr;
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    OCTAVO_CPU_NAMESPACE::parallel_chunks(rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         norm_row<scalar_t>(xp + r * n, rp ? rp + r * n : nullptr, wp, op + r * n,
                            sp ? sp + r * n : nullptr, n, static_cast<float>(eps));

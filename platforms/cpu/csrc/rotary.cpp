@@ -16,6 +16,8 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "work_sharing.h"
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -98,7 +100,7 @@ void rotary_embedding(at::Tensor query, at::Tensor key, const at::Tensor& cos,
         const scalar_t* s = sin.data_ptr<scalar_t>();
         const int64_t qs = query.stride(0), ks = key.stride(0);
         // A grain of whole tokens: a decode batch's few rows stay on one thread.
-        at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
+        OCTAVO_CPU_NAMESPACE::parallel_chunks(tokens, 64, [&](int64_t begin, int64_t end) {
           for (int64_t t = begin; t < end; ++t) {
             const scalar_t* ct = c + t * D;
             const scalar_t* st = s + t * D;
