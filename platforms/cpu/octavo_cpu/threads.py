@@ -1,17 +1,20 @@
 """How many compute threads each step of the cpu platform runs on.
 
-A step's GEMMs and attention are OpenMP parallel regions, a few dozen per step. A region on two
-threads pays for waking the other thread (it sleeps between regions: OMP_WAIT_POLICY=PASSIVE),
-and waits for it whenever anything else holds that core: the server's event loop, which
-detokenises and streams every token, or a benchmark client. A small step does too little work
-for its second thread to earn that back, so steps of fewer than ``serial_tokens`` tokens run on
-one thread and leave the other core to the rest of the process; larger steps (prefill, large
-decode batches) run on all of them. Serving the tiny model on 2 cores (BENCHMARKS.md): at
-concurrency 1 one thread made 145-158 output tok/s against 112-125 on two, at concurrency 4 one
-thread was faster too, at 8 two threads were (771 against 640 tok/s), at 32 the two were alike.
-A small oneDNN GEMM on two sleeping threads costs ~3x its one-thread time; spinning threads
-(OMP_WAIT_POLICY=ACTIVE) win that back on the main thread only, not on the server's engine
-thread (benchmarks/engine_thread_gemm.py).
+A step's compiled kernels (GEMMs, attention, norms; a few dozen per step) share their work
+between the calling thread and helpers of their own pool (csrc/work_sharing.h), which spin for
+200 us after a kernel and then sleep; the caller never waits for a helper that has not joined.
+torch's own ops run on OpenMP threads that sleep between regions (OMP_WAIT_POLICY=PASSIVE). A
+small step does too little work for a second thread to earn back what it costs: the server's
+event loop, which detokenises and streams every token, and a benchmark client want that core.
+So steps of fewer than ``serial_tokens`` tokens run on one thread and leave the other core to
+the rest of the process; larger steps (prefill, large decode batches) run on all of them.
+Measured on 2 cores with the pool (BENCHMARKS.md, issue 16 thirteenth part): a batch-1 decode
+of the tiny model offline took 1.6-2.4 ms a token on two threads against 2.2-3.1 on one, but
+serving one stream made the same (285-338 against 296-342 output tok/s) at 1.5x the server's
+CPU, and batch-1 speculative decoding (steps of 5 tokens) came out mixed (P-EAGLE 414 against
+380 tok/s, Gumiho 353 against 411; one run each); the cut stays at 8. With OpenMP's regions
+instead (before the pool), one thread made 145-158 output tok/s at concurrency 1 against
+112-125 on two.
 ``OCTAVO_CPU_SERIAL_TOKENS`` sets the cut (0: always every thread).
 """
 
