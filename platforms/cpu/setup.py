@@ -30,6 +30,7 @@ SOURCES = [
     "csrc/rms_norm.cpp",
     "csrc/rotary.cpp",
     "csrc/gemm.cpp",
+    "csrc/argmax.cpp",
 ]
 
 

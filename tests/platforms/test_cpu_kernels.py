@@ -251,6 +251,7 @@ def _op_samples(ops):
             (torch.empty(3, 32), torch.empty(3, 32), x, residual, weight, 1e-5),
         ),
         "silu_and_mul": (ops.silu_and_mul, (torch.empty(3, 16), x[:, :16], x[:, 16:])),
+        "argmax_rows": (ops.argmax_rows, (torch.empty(3, dtype=torch.long), x)),
         "rotary_embedding": (
             ops.rotary_embedding,
             (qkv[:, : 4 * head_dim], qkv[:, 4 * head_dim :], cos, sin, head_dim),
@@ -267,3 +268,32 @@ def test_every_compiled_op_has_a_fake_that_matches_it(isa):
     ops = kernels._load(isa).ops
     for name, (op, args) in _op_samples(ops).items():
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def _argmax_cases(dtype: torch.dtype) -> list[torch.Tensor]:
+    """Rows of many lengths around the vector width, with ties in one lane and across lanes,
+    all -inf, +inf, NaN, and a maximum in the tail after the last whole vector."""
+    generator = torch.Generator().manual_seed(5)
+    cases = [torch.randn(4, n, generator=generator) for n in (1, 3, 7, 8, 9, 16, 17, 257, 8192)]
+    ties = torch.randn(6, 40, generator=generator)
+    ties[0, [5, 13, 21]] = 9.0  # one lane (width 8 or 16)
+    ties[1, [3, 4, 36]] = 9.0  # neighbouring lanes, and a tail element
+    ties[2] = float("-inf")
+    ties[3, [2, 30]] = float("inf")
+    ties[4, [7, 33]] = float("nan")  # the first NaN wins, as torch's argmax has it
+    ties[5, 39] = 9.0  # the maximum in the tail
+    cases.append(ties)
+    return [case.to(dtype) for case in cases]
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_rows_is_torch_argmax(isa, dtype):
+    """Greedy sampling's compiled argmax: torch's index on every row (first on ties)."""
+    if isa not in kernels.supported_isas(kernels.cpu_flags()) or not built(isa):
+        pytest.skip(f"no {isa} library runs here")
+    ops = kernels._load(isa).ops
+    for logits in _argmax_cases(dtype):
+        out = torch.full((logits.shape[0],), -1, dtype=torch.long)
+        ops.argmax_rows(out, logits)
+        assert out.tolist() == logits.argmax(dim=-1).tolist(), (dtype, logits.shape)

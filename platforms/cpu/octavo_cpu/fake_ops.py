@@ -19,6 +19,10 @@ def register_fakes(namespace: str) -> None:
     def _paged_attention(out, query, key, value, kv_cache, slot_mapping, block_table, *rest):
         return None
 
+    @torch.library.register_fake(f"{namespace}::argmax_rows")
+    def _argmax_rows(out, logits):
+        return None
+
     @torch.library.register_fake(f"{namespace}::rms_norm")
     def _rms_norm(out, x, weight, eps):
         return None

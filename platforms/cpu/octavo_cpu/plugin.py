@@ -22,7 +22,7 @@ from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.rotary import make_rotary_embedding
-from octavo_cpu.sampler import sample
+from octavo_cpu.sampler import make_sampler
 from octavo_cpu.shm_communicator import make_communicator
 from octavo_cpu.threads import StepThreads, ThreadedForward
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
@@ -149,7 +149,7 @@ def octavo_rms_norm(platform, hidden_size, eps, dtype):
 @hookimpl
 def octavo_sampler(platform, vocab_size):
     if _mine(platform):
-        return sample
+        return make_sampler(load_kernels().ops)
 
 
 @hookimpl

@@ -17,11 +17,15 @@ probabilities' bits otherwise, never sorting the vocabulary; min-p masks below
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
 from octavo.platform.types import SamplingMetadata
 
 TOP_P_CANDIDATES = 128
+HALF_OR_FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def uniforms(num_rows: int, metadata: SamplingMetadata, device) -> torch.Tensor:
@@ -137,24 +141,48 @@ def sample_full_rows(logits, temperature, metadata: SamplingMetadata) -> torch.T
     return inverse_cdf(probs, uniforms(probs.shape[0], metadata, probs.device))
 
 
-def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+def torch_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+def make_sampler(ops=None) -> Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]:
+    """``sample`` with greedy rows taken by the compiled ``argmax_rows`` (``ops``: the loaded
+    library's ops, see octavo_cpu.kernels; the same index as torch's argmax, first on ties,
+    ~4x faster on a decode batch's logits), else by torch's."""
+    if ops is None:
+        return sample
+
+    def compiled_argmax(logits: torch.Tensor) -> torch.Tensor:
+        fits = logits.dim() == 2 and logits.is_contiguous() and logits.dtype in HALF_OR_FLOAT
+        if not fits or not 0 < logits.shape[1] < 1 << 24:
+            return logits.argmax(dim=-1)
+        out = torch.empty(logits.shape[0], dtype=torch.long)
+        ops.argmax_rows(out, logits)
+        return out
+
+    return functools.partial(sample, argmax=compiled_argmax)
+
+
+def sample(logits: torch.Tensor, metadata: SamplingMetadata, argmax=torch_argmax) -> torch.Tensor:
     """One token id per row of ``logits [R, V]`` (not modified); int64 ``[R]``.
 
     A seeded row is sampled on its own, so which path it takes (top-k candidates or full
     rows) and every rounding it sees depend on that row alone: a seeded request draws the same
-    tokens whatever else is in the batch. Unseeded rows are sampled together.
+    tokens whatever else is in the batch. Unseeded rows are sampled together. ``argmax`` takes
+    the greedy rows' tokens.
     """
     if metadata.all_greedy or logits.shape[0] == 0:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     if not metadata.generators or (len(metadata.generators) == 1 and logits.shape[0] == 1):
-        return _sample_rows(logits, metadata)
+        return _sample_rows(logits, metadata, argmax)
     sampled = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     seeded = sorted(metadata.generators)
     for row in seeded:
-        sampled[row] = _sample_rows(logits[row : row + 1], _select_rows(metadata, [row]))[0]
+        one = _sample_rows(logits[row : row + 1], _select_rows(metadata, [row]), argmax)
+        sampled[row] = one[0]
     rest = sorted(set(range(logits.shape[0])) - set(seeded))
     if rest:
-        sampled[rest] = _sample_rows(logits[rest], _select_rows(metadata, rest))
+        sampled[rest] = _sample_rows(logits[rest], _select_rows(metadata, rest), argmax)
     return sampled
 
 
@@ -180,10 +208,10 @@ def _select_rows(metadata: SamplingMetadata, rows: list[int]) -> SamplingMetadat
     )
 
 
-def _sample_rows(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+def _sample_rows(logits: torch.Tensor, metadata: SamplingMetadata, argmax) -> torch.Tensor:
     """Sample rows together: the top-k candidate path when every row has a top-k."""
     if metadata.all_greedy:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     temperature = metadata.temperature.float()
     if not metadata.all_random:
         temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
@@ -195,4 +223,4 @@ def _sample_rows(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tens
         sampled = sample_full_rows(logits, temperature, metadata)
     if metadata.all_random:
         return sampled
-    return torch.where(metadata.temperature > 0, sampled, logits.argmax(dim=-1))
+    return torch.where(metadata.temperature > 0, sampled, argmax(logits))
