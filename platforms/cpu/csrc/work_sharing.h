@@ -5,7 +5,7 @@
 // thread of the team to have run, including one that has not even started because something
 // else holds its core (the server's event loop streaming tokens, a benchmark client). On a
 // 2-core host a region then lasts as long as the other core stays busy, and a decode step runs
-// a hundred of them. Here the caller runs its body like any helper; when it finds no item left
+// a few dozen of them. Here the caller runs its body like any helper; when it finds no item left
 // it closes the job and waits only for the helpers that joined, each finishing the item it
 // holds; a helper that comes later finds the job closed. Which thread runs an item never
 // changes its result (every kernel computes an item the same way on any thread).
