@@ -90,7 +90,6 @@ class WorkPool {
   static constexpr std::chrono::microseconds kSpinWindow{200};
 
   void start_helpers(int64_t wanted) {
-    if (num_helpers_ >= wanted) return;
     while (num_helpers_ < wanted) {
       std::thread(&WorkPool::helper_loop, this, generation_.load()).detach();
       ++num_helpers_;
