@@ -15,6 +15,7 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "widen.h"
 #include "work_sharing.h"
 
 namespace {
@@ -30,25 +31,9 @@ template <typename T>
 void silu_and_mul_rows(const T* gate, const T* up, T* out, int64_t n) {
   constexpr int64_t W = Vec::size();
   int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + W <= n; i += W) {
-      (silu(Vec::loadu(gate + i)) * Vec::loadu(up + i)).store(out + i);
-    }
-  }
   for (; i + W <= n; i += W) {
-    float g[W], u[W], o[W];
-    for (int64_t j = 0; j < W; ++j) {
-      g[j] = static_cast<float>(gate[i + j]);
-      u[j] = static_cast<float>(up[i + j]);
-    }
-    Vec s = silu(Vec::loadu(g));
-    if constexpr (!std::is_same_v<T, float>) {
-      s.store(o);
-      for (int64_t j = 0; j < W; ++j) o[j] = static_cast<float>(static_cast<T>(o[j]));
-      s = Vec::loadu(o);
-    }
-    (s * Vec::loadu(u)).store(o);
-    for (int64_t j = 0; j < W; ++j) out[i + j] = static_cast<T>(o[j]);
+    const Vec s = widen::round<T>(silu(widen::load(gate + i)));
+    widen::store(out + i, s * widen::load(up + i));
   }
   for (; i < n; ++i) {
     const float g = static_cast<float>(gate[i]);

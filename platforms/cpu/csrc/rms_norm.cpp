@@ -18,6 +18,7 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "widen.h"
 #include "work_sharing.h"
 
 namespace {
@@ -37,15 +38,13 @@ void norm_row(const T* x, const T* residual, const T* weight, T* out, T* summed,
   Vec squares(0.f);
   float tail = 0.f;
   int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + W <= n; i += W) {
-      Vec v = Vec::loadu(x + i);
-      if (residual != nullptr) {
-        v = v + Vec::loadu(residual + i);
-        v.store(summed + i);
-      }
-      squares = at::vec::fmadd(v, v, squares);
+  for (; i + W <= n; i += W) {
+    Vec v = widen::load(x + i);
+    if (residual != nullptr) {
+      v = widen::round<T>(v + widen::load(residual + i));
+      widen::store(summed + i, v);
     }
+    squares = at::vec::fmadd(v, v, squares);
   }
   for (; i < n; ++i) {
     float v = static_cast<float>(x[i]);
@@ -59,12 +58,10 @@ void norm_row(const T* x, const T* residual, const T* weight, T* out, T* summed,
       at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, squares) + tail;
   const float inv = 1.f / std::sqrt(total / static_cast<float>(n) + eps);
   const T* h = residual != nullptr ? summed : x;
-  i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    const Vec scale(inv);
-    for (; i + W <= n; i += W) {
-      (Vec::loadu(weight + i) * (Vec::loadu(h + i) * scale)).store(out + i);
-    }
+  const Vec scale(inv);
+  for (i = 0; i + W <= n; i += W) {
+    const Vec normed = widen::round<T>(widen::load(h + i) * scale);
+    widen::store(out + i, widen::load(weight + i) * normed);
   }
   for (; i < n; ++i) {
     const float normed = round_to<T>(static_cast<float>(h[i]) * inv);

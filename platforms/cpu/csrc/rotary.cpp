@@ -16,6 +16,7 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "widen.h"
 #include "work_sharing.h"
 
 namespace {
@@ -51,15 +52,14 @@ template <typename T>
 inline void rotate_head(T* row, const T* cos, const T* sin, int64_t D) {
   const int64_t half = D / 2;
   int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + W <= half; i += W) {
-      const Vec x1 = Vec::loadu(row + i), x2 = Vec::loadu(row + half + i);
-      const Vec first = product(x1, Vec::loadu(cos + i)) - product(x2, Vec::loadu(sin + i));
-      const Vec second =
-          product(x2, Vec::loadu(cos + half + i)) + product(x1, Vec::loadu(sin + half + i));
-      first.store(row + i);
-      second.store(row + half + i);
-    }
+  for (; i + W <= half; i += W) {
+    const Vec x1 = widen::load(row + i), x2 = widen::load(row + half + i);
+    const Vec first = widen::round<T>(product(x1, widen::load(cos + i))) -
+                      widen::round<T>(product(x2, widen::load(sin + i)));
+    const Vec second = widen::round<T>(product(x2, widen::load(cos + half + i))) +
+                       widen::round<T>(product(x1, widen::load(sin + half + i)));
+    widen::store(row + i, first);
+    widen::store(row + half + i, second);
   }
   for (; i < half; ++i) {
     const float x1 = static_cast<float>(row[i]), x2 = static_cast<float>(row[half + i]);
