@@ -35,6 +35,7 @@
 #error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
 #endif
 
+#include "widen.h"
 #include "work_sharing.h"
 
 namespace {
@@ -66,6 +67,18 @@ template <typename T>
 inline void load_row(const T* src, float* dst, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = as_float(src[i]);
+}
+
+// width (< W) elements of T from p, widened.
+template <typename T>
+inline at::vec::Vectorized<float> load_part(const T* p, int64_t width) {
+  if constexpr (std::is_same_v<T, float>) {
+    return at::vec::Vectorized<float>::loadu(p, width);
+  } else {
+    float buffer[at::vec::Vectorized<float>::size()];
+    load_row(p, buffer, width);
+    return at::vec::Vectorized<float>::loadu(buffer, width);
+  }
 }
 
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
@@ -120,8 +133,8 @@ struct Scratch {
 // loop), so the FMAs overlap instead of waiting on each other's latency; sums stay in registers
 // across the loops over D and over tokens. q, acc: R rows of D; m, l: R values; s: R rows of
 // the group's padded width.
-template <int R>
-inline void attend_group(const float* q, const float* const* kt, const float* const* vf,
+template <int R, typename T>
+inline void attend_group(const float* q, const T* const* kt, const T* const* vf,
                          int64_t nb, int64_t n, int64_t D, const int64_t* lo, const int64_t* hi,
                          float* s, float* m, float* l, float* acc) {
   using Vec = at::vec::Vectorized<float>;
@@ -134,17 +147,17 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
       for (int64_t t = 0; t < n; t += W) {
         Vec even[R], odd[R];
         for (int g = 0; g < R; ++g) even[g] = odd[g] = Vec(0.f);
-        const float* k = kt[j] + t;
+        const T* k = kt[j] + t;
         int64_t d = 0;
         for (; d + 1 < D; d += 2) {
-          const Vec k0 = Vec::loadu(k + d * n), k1 = Vec::loadu(k + (d + 1) * n);
+          const Vec k0 = widen::load(k + d * n), k1 = widen::load(k + (d + 1) * n);
           for (int g = 0; g < R; ++g) {
             even[g] = at::vec::fmadd(Vec(q[g * D + d]), k0, even[g]);
             odd[g] = at::vec::fmadd(Vec(q[g * D + d + 1]), k1, odd[g]);
           }
         }
         if (d < D) {
-          const Vec k0 = Vec::loadu(k + d * n);
+          const Vec k0 = widen::load(k + d * n);
           for (int g = 0; g < R; ++g) even[g] = at::vec::fmadd(Vec(q[g * D + d]), k0, even[g]);
         }
         for (int g = 0; g < R; ++g) (even[g] + odd[g]).store(s + g * padded + j * n + t);
@@ -154,7 +167,9 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
         for (int64_t t = 0; t < n; ++t) {
           float score = 0.f;
 #pragma omp simd reduction(+ : score)
-          for (int64_t d = 0; d < D; ++d) score += q[g * D + d] * kt[j][d * n + t];
+          for (int64_t d = 0; d < D; ++d) {
+            score += q[g * D + d] * static_cast<float>(kt[j][d * n + t]);
+          }
           s[g * padded + j * n + t] = score;
         }
       }
@@ -207,17 +222,17 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
       const float* p = s + j * n;
       int64_t t = t0;
       for (; t + 1 < t1; t += 2) {
-        const float* row = vf[j] + t * D + d;
-        const Vec v0 = width == W ? Vec::loadu(row) : Vec::loadu(row, width);
-        const Vec v1 = width == W ? Vec::loadu(row + D) : Vec::loadu(row + D, width);
+        const T* row = vf[j] + t * D + d;
+        const Vec v0 = width == W ? widen::load(row) : load_part(row, width);
+        const Vec v1 = width == W ? widen::load(row + D) : load_part(row + D, width);
         for (int g = 0; g < R; ++g) {
           even[g] = at::vec::fmadd(Vec(p[g * padded + t]), v0, even[g]);
           odd[g] = at::vec::fmadd(Vec(p[g * padded + t + 1]), v1, odd[g]);
         }
       }
       if (t < t1) {
-        const float* row = vf[j] + t * D + d;
-        const Vec v0 = width == W ? Vec::loadu(row) : Vec::loadu(row, width);
+        const T* row = vf[j] + t * D + d;
+        const Vec v0 = width == W ? widen::load(row) : load_part(row, width);
         for (int g = 0; g < R; ++g) even[g] = at::vec::fmadd(Vec(p[g * padded + t]), v0, even[g]);
       }
     }
@@ -234,10 +249,10 @@ inline void attend_group(const float* q, const float* const* kt, const float* co
 
 // `rows` query rows (each with its visible range [lo, hi) of the group) in chunks of at most
 // kMaxRows, one instantiation per chunk size.
-inline void attend_rows(int64_t rows, const float* q, const float* const* kt,
-                        const float* const* vf, int64_t nb, int64_t n, int64_t D,
-                        const int64_t* lo, const int64_t* hi, float* s, float* m, float* l,
-                        float* acc) {
+template <typename T>
+inline void attend_rows(int64_t rows, const float* q, const T* const* kt, const T* const* vf,
+                        int64_t nb, int64_t n, int64_t D, const int64_t* lo, const int64_t* hi,
+                        float* s, float* m, float* l, float* acc) {
   for (int64_t g = 0; g < rows;) {
     const int64_t count = std::min<int64_t>(kMaxRows, rows - g);
     const float* qg = q + g * D;
@@ -245,7 +260,7 @@ inline void attend_rows(int64_t rows, const float* q, const float* const* kt,
     const int64_t *lg = lo + g, *hg = hi + g;
     switch (count) {
 #define OCTAVO_ATTEND_CASE(k) \
-  case k: attend_group<k>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
+  case k: attend_group<k, T>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
       OCTAVO_ATTEND_CASE(8)
       OCTAVO_ATTEND_CASE(7)
       OCTAVO_ATTEND_CASE(6)
@@ -254,7 +269,7 @@ inline void attend_rows(int64_t rows, const float* q, const float* const* kt,
       OCTAVO_ATTEND_CASE(3)
       OCTAVO_ATTEND_CASE(2)
 #undef OCTAVO_ATTEND_CASE
-      default: attend_group<1>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
+      default: attend_group<1, T>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
     }
     g += count;
   }
@@ -281,27 +296,43 @@ inline void load_query_rows(const T* query, int64_t token, int64_t kv_head, cons
   }
 }
 
-// The K and V tiles of KV head `kv_head` in blocks table[b .. b + nb): read in place from a
-// float32 cache, widened into the scratch from a 16-bit one.
+// Rows of one KV head `kv_head` (q, lo, hi, m, l, acc as attend_rows takes them) against its
+// tiles in blocks table[b .. b + nb). A float32 cache is read in place; so is a 16-bit one when
+// the rows fit in one pass of attend_group (a decode's query heads: each tile is widened in
+// registers as it is read). More rows than that (a prefill tile) would widen each tile once
+// per pass: for them the tiles are widened once into the scratch.
 template <typename T>
-inline void group_tiles(const int32_t* table, int64_t b, int64_t nb, int64_t kv_head,
-                        const Shape& sh, const T* k_cache, const T* v_cache, Scratch& scratch,
-                        const float** kt, const float** vf) {
+inline void attend_tiles(const int32_t* table, int64_t b, int64_t nb, int64_t kv_head,
+                         int64_t rows, const float* q, const int64_t* lo, const int64_t* hi,
+                         float* m, float* l, float* acc, const Shape& sh, const T* k_cache,
+                         const T* v_cache, Scratch& scratch) {
   const int64_t tile_size = sh.block_size * sh.head_dim;
-  for (int64_t j = 0; j < nb; ++j) {
-    const int64_t tile = (table[b + j] * sh.num_kv_heads + kv_head) * tile_size;
-    if constexpr (std::is_same_v<T, float>) {
-      kt[j] = k_cache + tile;
-      vf[j] = v_cache + tile;
-    } else {
-      float* k = scratch.k.data() + j * tile_size;
-      float* v = scratch.v.data() + j * tile_size;
-      load_row(k_cache + tile, k, tile_size);
-      load_row(v_cache + tile, v, tile_size);
-      kt[j] = k;
-      vf[j] = v;
+  const auto tile = [&](int64_t j) {
+    return (table[b + j] * sh.num_kv_heads + kv_head) * tile_size;
+  };
+  if (std::is_same_v<T, float> || rows <= kMaxRows) {
+    const T* kt[kGroupTokens];
+    const T* vf[kGroupTokens];
+    for (int64_t j = 0; j < nb; ++j) {
+      kt[j] = k_cache + tile(j);
+      vf[j] = v_cache + tile(j);
     }
+    attend_rows<T>(rows, q, kt, vf, nb, sh.block_size, sh.head_dim, lo, hi, scratch.s.data(), m,
+                   l, acc);
+    return;
   }
+  const float* kt[kGroupTokens];
+  const float* vf[kGroupTokens];
+  for (int64_t j = 0; j < nb; ++j) {
+    float* k = scratch.k.data() + j * tile_size;
+    float* v = scratch.v.data() + j * tile_size;
+    load_row(k_cache + tile(j), k, tile_size);
+    load_row(v_cache + tile(j), v, tile_size);
+    kt[j] = k;
+    vf[j] = v;
+  }
+  attend_rows<float>(rows, q, kt, vf, nb, sh.block_size, sh.head_dim, lo, hi, scratch.s.data(),
+                     m, l, acc);
 }
 
 // Ask for the tiles of KV heads [kv_head, kv_head + heads) (adjacent in a block) in blocks
@@ -360,8 +391,6 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   if (sh.window > 0) k_lo = std::max(k_lo, pos_first - sh.window + 1);
   const int32_t* table = block_table + item.request * sh.max_blocks;
   const int64_t group = blocks_per_group(bs);
-  const float* kt[kGroupTokens];
-  const float* vf[kGroupTokens];
   for (int64_t b = k_lo / bs; b * bs < k_hi; b += group) {
     const int64_t nb = std::min(group, (k_hi + bs - 1) / bs - b);
     // The next group's tiles lie elsewhere in memory (each block where the allocator put it),
@@ -391,11 +420,10 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
     }
     if (last < 0) continue;
     for (int64_t h = 0; h < H; ++h) {
-      group_tiles(table, b, nb, item.kv_head + h, sh, k_cache, v_cache, scratch, kt, vf);
       const int64_t r = h * rows + first * G;
-      attend_rows((last + 1 - first) * G, q + r * D, kt, vf, nb, bs, D,
-                  scratch.lo.data() + first * G, scratch.hi.data() + first * G,
-                  scratch.s.data(), m + r, l + r, acc + r * D);
+      attend_tiles(table, b, nb, item.kv_head + h, (last + 1 - first) * G, q + r * D,
+                   scratch.lo.data() + first * G, scratch.hi.data() + first * G, m + r, l + r,
+                   acc + r * D, sh, k_cache, v_cache, scratch);
     }
   }
   if (item.partial < 0) {
@@ -503,16 +531,14 @@ void run_prefix(const SharedPrefix& prefix, int64_t kv_head, int64_t begin, int6
   }
   const int32_t* table = block_table + prefix.requests[0] * sh.max_blocks;
   const int64_t group = blocks_per_group(bs);
-  const float* kt[kGroupTokens];
-  const float* vf[kGroupTokens];
   for (int64_t b = 0; b < prefix.num_blocks; b += group) {
-    group_tiles(table, b, group, kv_head, sh, k_cache, v_cache, scratch, kt, vf);
     prefetch_blocks(table, b + group, std::min(b + 2 * group, prefix.num_blocks), kv_head, 1,
                     sh, k_cache, v_cache);
     std::fill(scratch.lo.begin(), scratch.lo.begin() + rows, 0);
     std::fill(scratch.hi.begin(), scratch.hi.begin() + rows, group * bs);
-    attend_rows(rows, q, kt, vf, group, bs, D, scratch.lo.data(), scratch.hi.data(),
-                scratch.s.data(), scratch.m.data(), scratch.l.data(), scratch.acc.data());
+    attend_tiles(table, b, group, kv_head, rows, q, scratch.lo.data(), scratch.hi.data(),
+                 scratch.m.data(), scratch.l.data(), scratch.acc.data(), sh, k_cache, v_cache,
+                 scratch);
   }
   for (int64_t i = begin; i < end; ++i) {
     for (int64_t g = 0; g < G; ++g) {
