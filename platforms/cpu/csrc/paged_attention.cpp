@@ -4,7 +4,8 @@
 // KV cache layout (the cpu backend's): [2, num_blocks, num_kv_heads, block_size, head_dim], where
 // one KV head's tokens of one block are a contiguous tile: V's is [block_size][head_dim], K's is
 // stored transposed, [head_dim][block_size], so a query's scores against a block are
-// block_size-wide vector FMAs (and fp32 K/V are read in place).
+// block_size-wide vector FMAs. fp32 K/V are read in place, and so are 16-bit ones for a
+// decode's few query rows (widened in registers); a prefill tile widens its tiles once.
 //
 // Work is split into items (request, one KV head or all of them, a tile of query tokens, a range
 // of the context).
@@ -106,7 +107,8 @@ inline int64_t blocks_per_group(int64_t block_size) {
 }
 
 // The per-thread scratch of one work item: the query rows, their running state, the scores of
-// one group, and for 16-bit caches one group of K and V tiles widened to fp32.
+// one group, and for 16-bit caches read by more rows than one pass one group of K and V tiles
+// widened to fp32.
 struct Scratch {
   std::vector<float> q, acc, m, l, k, v, s;
   std::vector<int64_t> lo, hi;  // each row's visible range of the current group
