@@ -154,11 +154,15 @@ def test_the_default_gemm_is_the_compiled_one_where_it_runs(monkeypatch):
         assert gemm.linear_packer(torch.float32).__qualname__.startswith("compiled_packer")
     else:
         assert gemm.linear_packer(torch.float32) in (gemm.pack_onednn, None)
-    # bfloat16 computed natively is oneDNN's; widened, it is the compiled kernel's
+    # bfloat16 computed natively is oneDNN's; widened, it is the compiled kernel's, and
+    # without compiled kernels oneDNN's where this CPU has bfloat16 natively (else none)
     native = gemm.linear_packer(torch.bfloat16)
     assert native is None or native is gemm.pack_onednn
     widened = gemm.linear_packer(torch.bfloat16, widened=(torch.bfloat16,))
-    assert (widened is not None) == compiled
+    if compiled:
+        assert widened.__qualname__.startswith("compiled_packer")
+    else:
+        assert widened is gemm.onednn_packer(torch.bfloat16)
 
 
 def test_without_a_packer_the_model_is_left_alone():
