@@ -70,18 +70,6 @@ inline void load_row(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = as_float(src[i]);
 }
 
-// width (< W) elements of T from p, widened.
-template <typename T>
-inline at::vec::Vectorized<float> load_part(const T* p, int64_t width) {
-  if constexpr (std::is_same_v<T, float>) {
-    return at::vec::Vectorized<float>::loadu(p, width);
-  } else {
-    float buffer[at::vec::Vectorized<float>::size()];
-    load_row(p, buffer, width);
-    return at::vec::Vectorized<float>::loadu(buffer, width);
-  }
-}
-
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
@@ -106,6 +94,59 @@ inline int64_t blocks_per_group(int64_t block_size) {
   return std::max<int64_t>(1, kGroupTokens / block_size);
 }
 
+// Tiles a work item reads next, asked for ahead (a hint: no fault, no wait). The blocks lie
+// wherever the allocator put them, beyond the hardware prefetcher's reach. A decode asks for the
+// next KV head's tiles (or the next group's) a few cache lines at a time from inside the
+// kernels' loops, into L2, so that they arrive while it computes: asked for a whole group at
+// once, the lines stalled on the few misses a core keeps in flight with nothing computed
+// meanwhile (decode attention at ~5 GB/s a thread), and in L1 they pushed out the tiles in use.
+// Many rows' passes (a prefill tile) ask for the next group's tiles at once: their arithmetic
+// hides the misses, and asking from their loops cost more than it won.
+struct Ahead {
+  static constexpr int64_t kLine = 64;
+  const char* regions[2 * kGroupTokens];  // K regions, then V regions
+  int64_t count = 0, lines_per_region = 0, per_step = 0;
+  int64_t region = 0, line = 0;  // the next line to ask for
+
+  // KV heads [kv_head, kv_head + heads) (adjacent in a block) in blocks table[from .. + blocks).
+  template <typename T>
+  void set(const int32_t* table, int64_t from, int64_t blocks, int64_t kv_head, int64_t heads,
+           const Shape& sh, const T* k_cache, const T* v_cache) {
+    const int64_t tile_size = sh.block_size * sh.head_dim;
+    for (int64_t j = 0; j < blocks; ++j) {
+      const int64_t at = (table[from + j] * sh.num_kv_heads + kv_head) * tile_size;
+      regions[j] = reinterpret_cast<const char*>(k_cache + at);
+      regions[blocks + j] = reinterpret_cast<const char*>(v_cache + at);
+    }
+    count = 2 * blocks;
+    lines_per_region = (heads * tile_size * static_cast<int64_t>(sizeof(T)) + kLine - 1) / kLine;
+    region = line = per_step = 0;
+  }
+  void clear() { count = region = line = per_step = 0; }
+  // Spread what is left over about `steps` calls of step().
+  void pace(int64_t steps) {
+    const int64_t left = (count - region) * lines_per_region - line;
+    per_step = left > 0 ? (left + steps - 1) / std::max<int64_t>(steps, 1) : 0;
+  }
+  inline void step() {
+    for (int64_t i = 0; i < per_step && region < count; ++i) {
+      __builtin_prefetch(regions[region] + line * kLine, 0, 2);  // prefetcht1: into L2
+      if (++line == lines_per_region) {
+        line = 0;
+        ++region;
+      }
+    }
+  }
+  // Whatever is left, now.
+  void finish() {
+    for (; region < count; ++region, line = 0) {
+      for (; line < lines_per_region; ++line) {
+        __builtin_prefetch(regions[region] + line * kLine, 0, 3);  // prefetcht0
+      }
+    }
+  }
+};
+
 // The per-thread scratch of one work item: the query rows, their running state, the scores of
 // one group, and for 16-bit caches read by more rows than one pass one group of K and V tiles
 // widened to fp32.
@@ -127,56 +168,177 @@ struct Scratch {
   }
 };
 
+// Vector accumulators a kernel below keeps in registers: with the loaded K or V vectors beside
+// them they fit AVX-512's 32 registers (AVX2's 16), and there are enough independent sums that
+// the FMAs never wait on one another's latency.
+constexpr int kAccumulators = at::vec::Vectorized<float>::size() >= 16 ? 12 : 6;
+
+constexpr int clamp_width(int width, int most) {
+  return width < 1 ? 1 : (width > most ? most : width);
+}
+
+// For R query rows: vectors of tokens scored at once (score_vectors), vectors of head_dim
+// accumulated at once (accumulate_values).
+template <int R>
+constexpr int kScoreVectors = clamp_width(kAccumulators / R, 8);
+template <int R>
+constexpr int kValueVectors = clamp_width(kAccumulators / R, 4);
+
+// Scores of R query rows against C vectors of W tokens, vector c being W adjacent columns of a
+// K tile (k[c] + d * n is its row d): into s[g * padded + at[c] ..]. With kAhead, `ahead` is
+// stepped once a row (a compile-time choice: a test in the loop slowed prefill tiles ~15%).
+template <int R, int C, bool kAhead, typename T>
+inline void score_vectors(const float* q, const T* const* k, const int64_t* at, int64_t n,
+                          int64_t D, float* s, int64_t padded, Ahead* ahead) {
+  using Vec = at::vec::Vectorized<float>;
+  Vec sum[R][C];
+  for (int g = 0; g < R; ++g) {
+    for (int c = 0; c < C; ++c) sum[g][c] = Vec(0.f);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    if constexpr (kAhead) ahead->step();
+    Vec kv[C];
+    for (int c = 0; c < C; ++c) kv[c] = widen::load(k[c] + d * n);
+    for (int g = 0; g < R; ++g) {
+      const Vec qd(q[g * D + d]);
+      for (int c = 0; c < C; ++c) sum[g][c] = at::vec::fmadd(qd, kv[c], sum[g][c]);
+    }
+  }
+  for (int g = 0; g < R; ++g) {
+    for (int c = 0; c < C; ++c) sum[g][c].store(s + g * padded + at[c]);
+  }
+}
+
+// The scores of R rows against a group's nb K tiles kt[j][D][n]: s[g * padded + j * n + t].
+template <int R, typename T>
+inline void score_group(const float* q, const T* const* kt, int64_t nb, int64_t n, int64_t D,
+                        float* s, int64_t padded, Ahead* ahead) {
+  constexpr int64_t W = at::vec::Vectorized<float>::size();
+  if (n % W != 0) {  // a block narrower than a vector (block size 1, say): one score at a time
+    for (int64_t j = 0; j < nb; ++j) {
+      for (int g = 0; g < R; ++g) {
+        for (int64_t t = 0; t < n; ++t) {
+          if (ahead) ahead->step();
+          float score = 0.f;
+#pragma omp simd reduction(+ : score)
+          for (int64_t d = 0; d < D; ++d) score += q[g * D + d] * as_float(kt[j][d * n + t]);
+          s[g * padded + j * n + t] = score;
+        }
+      }
+    }
+    return;
+  }
+  constexpr int C = kScoreVectors<R>;
+  const auto score = [&](auto width, const T* const* k, const int64_t* at) {
+    constexpr int c = decltype(width)::value;
+    if (ahead) {
+      score_vectors<R, c, true, T>(q, k, at, n, D, s, padded, ahead);
+    } else {
+      score_vectors<R, c, false, T>(q, k, at, n, D, s, padded, ahead);
+    }
+  };
+  const T* k[C];
+  int64_t at[C];
+  int filled = 0;
+  for (int64_t j = 0; j < nb; ++j) {
+    for (int64_t t = 0; t < n; t += W) {
+      k[filled] = kt[j] + t;
+      at[filled] = j * n + t;
+      if (++filled == C) {
+        score(std::integral_constant<int, C>(), k, at);
+        filled = 0;
+      }
+    }
+  }
+  for (int c = 0; c < filled; ++c) score(std::integral_constant<int, 1>(), k + c, at + c);
+}
+
+// Columns [d0, d0 + P * W) of R accumulator rows: acc = acc * correction + p . V over the
+// group's tokens [lo, hi), V rows vf[j][n][D], p the rows' probabilities s[g * padded + ..].
+// With kAhead, `ahead` is stepped once a token.
+template <int R, int P, bool kAhead, typename T>
+inline void accumulate_values(const float* s, int64_t padded, const T* const* vf, int64_t n,
+                              int64_t D, int64_t d0, int64_t lo, int64_t hi,
+                              const float* correction, float* acc, Ahead* ahead) {
+  using Vec = at::vec::Vectorized<float>;
+  constexpr int64_t W = Vec::size();
+  Vec sum[R][P];
+  for (int g = 0; g < R; ++g) {
+    const Vec scale(correction[g]);
+    for (int c = 0; c < P; ++c) sum[g][c] = Vec::loadu(acc + g * D + d0 + c * W) * scale;
+  }
+  for (int64_t j = lo / n; j * n < hi; ++j) {
+    const int64_t t1 = std::min(hi - j * n, n);
+    const float* p = s + j * n;
+    for (int64_t t = std::max<int64_t>(lo - j * n, 0); t < t1; ++t) {
+      if constexpr (kAhead) ahead->step();
+      const T* row = vf[j] + t * D + d0;
+      Vec v[P];
+      for (int c = 0; c < P; ++c) v[c] = widen::load(row + c * W);
+      for (int g = 0; g < R; ++g) {
+        const Vec pg(p[g * padded + t]);
+        for (int c = 0; c < P; ++c) sum[g][c] = at::vec::fmadd(pg, v[c], sum[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < R; ++g) {
+    for (int c = 0; c < P; ++c) sum[g][c].store(acc + g * D + d0 + c * W);
+  }
+}
+
+// acc = acc * correction + p . V for every column of R rows: whole vectors P at a time, then one
+// at a time, then a head_dim's last partial vector element by element.
+template <int R, typename T>
+inline void accumulate_group(const float* s, int64_t padded, const T* const* vf, int64_t n,
+                             int64_t D, int64_t lo, int64_t hi, const float* correction,
+                             float* acc, Ahead* ahead) {
+  constexpr int64_t W = at::vec::Vectorized<float>::size();
+  constexpr int P = kValueVectors<R>;
+  const auto accumulate = [&](auto width, int64_t d0) {
+    constexpr int p = decltype(width)::value;
+    if (ahead) {
+      accumulate_values<R, p, true, T>(s, padded, vf, n, D, d0, lo, hi, correction, acc, ahead);
+    } else {
+      accumulate_values<R, p, false, T>(s, padded, vf, n, D, d0, lo, hi, correction, acc, ahead);
+    }
+  };
+  int64_t d0 = 0;
+  for (; d0 + P * W <= D; d0 += P * W) accumulate(std::integral_constant<int, P>(), d0);
+  for (; d0 + W <= D; d0 += W) accumulate(std::integral_constant<int, 1>(), d0);
+  for (int g = 0; g < R && d0 < D; ++g) {
+    for (int64_t d = d0; d < D; ++d) {
+      float sum = acc[g * D + d] * correction[g];
+      for (int64_t t = lo; t < hi; ++t) {
+        sum += s[g * padded + t] * as_float(vf[t / n][(t % n) * D + d]);
+      }
+      acc[g * D + d] = sum;
+    }
+  }
+}
+
 // R query rows (query heads of one KV head, at one or a few consecutive positions) against one
 // group of nb blocks (nb * n tokens, n = block_size), of which row g sees tokens [lo[g], hi[g])
-// (group offsets; none when lo[g] >= hi[g]): scores from each block's K tile kt[j][D][n], one online-softmax
-// update per row, and the V rows vf[j][n][D] accumulated. Each K and V vector is loaded once for
-// all R rows, and every sum has at least two independent chains (R rows, or two halves of the
-// loop), so the FMAs overlap instead of waiting on each other's latency; sums stay in registers
-// across the loops over D and over tokens. q, acc: R rows of D; m, l: R values; s: R rows of
-// the group's padded width.
+// (group offsets; none when lo[g] >= hi[g]): scores from each block's K tile kt[j][D][n], one
+// online-softmax update per row, and the V rows vf[j][n][D] accumulated. The scores and the
+// accumulation are register-blocked (score_group, accumulate_group): each K or V vector is
+// loaded once for all R rows. q, acc: R rows of D; m, l: R values; s: R rows of the group's
+// padded width.
 template <int R, typename T>
 inline void attend_group(const float* q, const T* const* kt, const T* const* vf,
                          int64_t nb, int64_t n, int64_t D, const int64_t* lo, const int64_t* hi,
-                         float* s, float* m, float* l, float* acc) {
+                         float* s, float* m, float* l, float* acc, Ahead* ahead) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t W = Vec::size();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t total = nb * n;
   const int64_t padded = (total + W - 1) / W * W;
-  for (int64_t j = 0; j < nb; ++j) {
-    if (n % W == 0) {
-      for (int64_t t = 0; t < n; t += W) {
-        Vec even[R], odd[R];
-        for (int g = 0; g < R; ++g) even[g] = odd[g] = Vec(0.f);
-        const T* k = kt[j] + t;
-        int64_t d = 0;
-        for (; d + 1 < D; d += 2) {
-          const Vec k0 = widen::load(k + d * n), k1 = widen::load(k + (d + 1) * n);
-          for (int g = 0; g < R; ++g) {
-            even[g] = at::vec::fmadd(Vec(q[g * D + d]), k0, even[g]);
-            odd[g] = at::vec::fmadd(Vec(q[g * D + d + 1]), k1, odd[g]);
-          }
-        }
-        if (d < D) {
-          const Vec k0 = widen::load(k + d * n);
-          for (int g = 0; g < R; ++g) even[g] = at::vec::fmadd(Vec(q[g * D + d]), k0, even[g]);
-        }
-        for (int g = 0; g < R; ++g) (even[g] + odd[g]).store(s + g * padded + j * n + t);
-      }
-    } else {
-      for (int g = 0; g < R; ++g) {
-        for (int64_t t = 0; t < n; ++t) {
-          float score = 0.f;
-#pragma omp simd reduction(+ : score)
-          for (int64_t d = 0; d < D; ++d) {
-            score += q[g * D + d] * static_cast<float>(kt[j][d * n + t]);
-          }
-          s[g * padded + j * n + t] = score;
-        }
-      }
-    }
+  {  // the kernels' loop steps, roughly, over which to spread the next tiles' lines
+    constexpr int C = kScoreVectors<R>, P = kValueVectors<R>;
+    const int64_t vectors = total / W;
+    const int64_t score_steps = n % W == 0 ? D * (vectors / C + vectors % C) : R * total;
+    if (ahead) ahead->pace(score_steps + total * std::max<int64_t>(1, D / (P * W)));
   }
+  score_group<R, T>(q, kt, nb, n, D, s, padded, ahead);
   float correction[R];
   for (int g = 0; g < R; ++g) {
     float* sg = s + g * padded;
@@ -211,42 +373,7 @@ inline void attend_group(const float* q, const T* const* kt, const T* const* vf,
     lo_all = std::min(lo_all, lo[g]);
     hi_all = std::max(hi_all, hi[g]);
   }
-  for (int64_t d = 0; d < D; d += W) {
-    const int64_t width = std::min(W, D - d);
-    Vec even[R], odd[R];
-    for (int g = 0; g < R; ++g) {
-      const Vec a = width == W ? Vec::loadu(acc + g * D + d) : Vec::loadu(acc + g * D + d, width);
-      even[g] = a * Vec(correction[g]);
-      odd[g] = Vec(0.f);
-    }
-    for (int64_t j = 0; j < nb; ++j) {
-      const int64_t t0 = std::max<int64_t>(lo_all - j * n, 0), t1 = std::min(hi_all - j * n, n);
-      const float* p = s + j * n;
-      int64_t t = t0;
-      for (; t + 1 < t1; t += 2) {
-        const T* row = vf[j] + t * D + d;
-        const Vec v0 = width == W ? widen::load(row) : load_part(row, width);
-        const Vec v1 = width == W ? widen::load(row + D) : load_part(row + D, width);
-        for (int g = 0; g < R; ++g) {
-          even[g] = at::vec::fmadd(Vec(p[g * padded + t]), v0, even[g]);
-          odd[g] = at::vec::fmadd(Vec(p[g * padded + t + 1]), v1, odd[g]);
-        }
-      }
-      if (t < t1) {
-        const T* row = vf[j] + t * D + d;
-        const Vec v0 = width == W ? widen::load(row) : load_part(row, width);
-        for (int g = 0; g < R; ++g) even[g] = at::vec::fmadd(Vec(p[g * padded + t]), v0, even[g]);
-      }
-    }
-    for (int g = 0; g < R; ++g) {
-      const Vec a = even[g] + odd[g];
-      if (width == W) {
-        a.store(acc + g * D + d);
-      } else {
-        a.store(acc + g * D + d, width);
-      }
-    }
-  }
+  accumulate_group<R, T>(s, padded, vf, n, D, lo_all, hi_all, correction, acc, ahead);
 }
 
 // `rows` query rows (each with its visible range [lo, hi) of the group) in chunks of at most
@@ -254,7 +381,7 @@ inline void attend_group(const float* q, const T* const* kt, const T* const* vf,
 template <typename T>
 inline void attend_rows(int64_t rows, const float* q, const T* const* kt, const T* const* vf,
                         int64_t nb, int64_t n, int64_t D, const int64_t* lo, const int64_t* hi,
-                        float* s, float* m, float* l, float* acc) {
+                        float* s, float* m, float* l, float* acc, Ahead* ahead) {
   for (int64_t g = 0; g < rows;) {
     const int64_t count = std::min<int64_t>(kMaxRows, rows - g);
     const float* qg = q + g * D;
@@ -262,7 +389,7 @@ inline void attend_rows(int64_t rows, const float* q, const T* const* kt, const 
     const int64_t *lg = lo + g, *hg = hi + g;
     switch (count) {
 #define OCTAVO_ATTEND_CASE(k) \
-  case k: attend_group<k, T>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
+  case k: attend_group<k, T>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag, ahead); break;
       OCTAVO_ATTEND_CASE(8)
       OCTAVO_ATTEND_CASE(7)
       OCTAVO_ATTEND_CASE(6)
@@ -271,18 +398,9 @@ inline void attend_rows(int64_t rows, const float* q, const T* const* kt, const 
       OCTAVO_ATTEND_CASE(3)
       OCTAVO_ATTEND_CASE(2)
 #undef OCTAVO_ATTEND_CASE
-      default: attend_group<1, T>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag); break;
+      default: attend_group<1, T>(qg, kt, vf, nb, n, D, lg, hg, s, m + g, l + g, ag, ahead); break;
     }
     g += count;
-  }
-}
-
-// Ask for every cache line of n elements at p (a hint: no fault, no wait).
-template <typename T>
-inline void prefetch_tile(const T* p, int64_t n) {
-  const char* bytes = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) {
-    __builtin_prefetch(bytes + off, 0, 3);
   }
 }
 
@@ -302,12 +420,13 @@ inline void load_query_rows(const T* query, int64_t token, int64_t kv_head, cons
 // tiles in blocks table[b .. b + nb). A float32 cache is read in place; so is a 16-bit one when
 // the rows fit in one pass of attend_group (a decode's query heads: each tile is widened in
 // registers as it is read). More rows than that (a prefill tile) would widen each tile once
-// per pass: for them the tiles are widened once into the scratch.
+// per pass: for them the tiles are widened once into the scratch. `ahead`, if any, is asked
+// for the tiles read next from inside the loops.
 template <typename T>
 inline void attend_tiles(const int32_t* table, int64_t b, int64_t nb, int64_t kv_head,
                          int64_t rows, const float* q, const int64_t* lo, const int64_t* hi,
                          float* m, float* l, float* acc, const Shape& sh, const T* k_cache,
-                         const T* v_cache, Scratch& scratch) {
+                         const T* v_cache, Scratch& scratch, Ahead* ahead) {
   const int64_t tile_size = sh.block_size * sh.head_dim;
   const auto tile = [&](int64_t j) {
     return (table[b + j] * sh.num_kv_heads + kv_head) * tile_size;
@@ -320,7 +439,7 @@ inline void attend_tiles(const int32_t* table, int64_t b, int64_t nb, int64_t kv
       vf[j] = v_cache + tile(j);
     }
     attend_rows<T>(rows, q, kt, vf, nb, sh.block_size, sh.head_dim, lo, hi, scratch.s.data(), m,
-                   l, acc);
+                   l, acc, ahead);
     return;
   }
   const float* kt[kGroupTokens];
@@ -334,20 +453,7 @@ inline void attend_tiles(const int32_t* table, int64_t b, int64_t nb, int64_t kv
     vf[j] = v;
   }
   attend_rows<float>(rows, q, kt, vf, nb, sh.block_size, sh.head_dim, lo, hi, scratch.s.data(),
-                     m, l, acc);
-}
-
-// Ask for the tiles of KV heads [kv_head, kv_head + heads) (adjacent in a block) in blocks
-// table[from .. to).
-template <typename T>
-inline void prefetch_blocks(const int32_t* table, int64_t from, int64_t to, int64_t kv_head,
-                            int64_t heads, const Shape& sh, const T* k_cache, const T* v_cache) {
-  const int64_t tile_size = sh.block_size * sh.head_dim;
-  for (int64_t j = from; j < to; ++j) {
-    const int64_t tile = (table[j] * sh.num_kv_heads + kv_head) * tile_size;
-    prefetch_tile(k_cache + tile, heads * tile_size);
-    prefetch_tile(v_cache + tile, heads * tile_size);
-  }
+                     m, l, acc, ahead);
 }
 
 template <typename T>
@@ -393,15 +499,10 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
   if (sh.window > 0) k_lo = std::max(k_lo, pos_first - sh.window + 1);
   const int32_t* table = block_table + item.request * sh.max_blocks;
   const int64_t group = blocks_per_group(bs);
-  for (int64_t b = k_lo / bs; b * bs < k_hi; b += group) {
-    const int64_t nb = std::min(group, (k_hi + bs - 1) / bs - b);
-    // The next group's tiles lie elsewhere in memory (each block where the allocator put it),
-    // beyond the hardware prefetcher's reach: ask for them now, so they arrive while this group
-    // is computed (decode attention streams the whole context from DRAM once per layer). The
-    // item's KV heads' tiles of one block are adjacent.
-    const int64_t last_block = (k_hi + bs - 1) / bs;
-    prefetch_blocks(table, b + nb, std::min(b + nb + group, last_block), item.kv_head, H, sh,
-                    k_cache, v_cache);
+  const int64_t last_block = (k_hi + bs - 1) / bs;
+  Ahead ahead;
+  for (int64_t b = k_lo / bs; b < last_block; b += group) {
+    const int64_t nb = std::min(group, last_block - b);
     // Each row's visible part of the group; the tokens that see none of it (the tile's first,
     // against the diagonal's far side, or past a sliding window) are left out at either end.
     const int64_t b0 = b * bs;
@@ -421,11 +522,28 @@ void run_item(const Item& item, const Shape& sh, const T* query, T* out, const T
       }
     }
     if (last < 0) continue;
+    const int64_t visible_rows = (last + 1 - first) * G;
+    const bool paced = visible_rows <= kMaxRows;  // see Ahead
+    const int64_t next_nb = std::min(group, last_block - b - nb);
+    if (!paced && next_nb > 0) {  // the next group's tiles, all KV heads, at once
+      ahead.set(table, b + nb, next_nb, item.kv_head, H, sh, k_cache, v_cache);
+      ahead.finish();
+    }
     for (int64_t h = 0; h < H; ++h) {
+      if (!paced) {
+        ahead.clear();
+      } else if (h + 1 < H) {  // read next: the next KV head's tiles of this group
+        ahead.set(table, b, nb, item.kv_head + h + 1, 1, sh, k_cache, v_cache);
+      } else if (next_nb > 0) {  // or the next group's first KV head's
+        ahead.set(table, b + nb, next_nb, item.kv_head, 1, sh, k_cache, v_cache);
+      } else {
+        ahead.clear();
+      }
       const int64_t r = h * rows + first * G;
-      attend_tiles(table, b, nb, item.kv_head + h, (last + 1 - first) * G, q + r * D,
+      attend_tiles(table, b, nb, item.kv_head + h, visible_rows, q + r * D,
                    scratch.lo.data() + first * G, scratch.hi.data() + first * G, m + r, l + r,
-                   acc + r * D, sh, k_cache, v_cache, scratch);
+                   acc + r * D, sh, k_cache, v_cache, scratch, paced ? &ahead : nullptr);
+      ahead.finish();
     }
   }
   if (item.partial < 0) {
@@ -533,14 +651,18 @@ void run_prefix(const SharedPrefix& prefix, int64_t kv_head, int64_t begin, int6
   }
   const int32_t* table = block_table + prefix.requests[0] * sh.max_blocks;
   const int64_t group = blocks_per_group(bs);
+  Ahead ahead;
   for (int64_t b = 0; b < prefix.num_blocks; b += group) {
-    prefetch_blocks(table, b + group, std::min(b + 2 * group, prefix.num_blocks), kv_head, 1,
-                    sh, k_cache, v_cache);
+    if (b + group < prefix.num_blocks) {  // the next group's tiles, all at once (many rows)
+      ahead.set(table, b + group, std::min(group, prefix.num_blocks - b - group), kv_head, 1, sh,
+                k_cache, v_cache);
+      ahead.finish();
+    }
     std::fill(scratch.lo.begin(), scratch.lo.begin() + rows, 0);
     std::fill(scratch.hi.begin(), scratch.hi.begin() + rows, group * bs);
     attend_tiles(table, b, group, kv_head, rows, q, scratch.lo.data(), scratch.hi.data(),
                  scratch.m.data(), scratch.l.data(), scratch.acc.data(), sh, k_cache, v_cache,
-                 scratch);
+                 scratch, nullptr);
   }
   for (int64_t i = begin; i < end; ++i) {
     for (int64_t g = 0; g < G; ++g) {
