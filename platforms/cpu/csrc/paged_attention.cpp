@@ -170,19 +170,24 @@ struct Scratch {
 
 // Vector accumulators a kernel below keeps in registers: with the loaded K or V vectors beside
 // them they fit AVX-512's 32 registers (AVX2's 16), and there are enough independent sums that
-// the FMAs never wait on one another's latency.
+// the FMAs never wait on one another's latency. AVX2's 4-row prefill tiles keep 2 vectors a row
+// (8 sums, 2 loads): with 6 sums they had 1 a row and ran ~20% slower on Zen 1.
 constexpr int kAccumulators = at::vec::Vectorized<float>::size() >= 16 ? 12 : 6;
+constexpr int kMinVectorsPerRow = at::vec::Vectorized<float>::size() >= 16 ? 1 : 2;
 
 constexpr int clamp_width(int width, int most) {
   return width < 1 ? 1 : (width > most ? most : width);
 }
 
+template <int R>
+constexpr int kVectorsPerRow = std::max(kAccumulators / R, kMinVectorsPerRow);
+
 // For R query rows: vectors of tokens scored at once (score_vectors), vectors of head_dim
 // accumulated at once (accumulate_values).
 template <int R>
-constexpr int kScoreVectors = clamp_width(kAccumulators / R, 8);
+constexpr int kScoreVectors = clamp_width(kVectorsPerRow<R>, 8);
 template <int R>
-constexpr int kValueVectors = clamp_width(kAccumulators / R, 4);
+constexpr int kValueVectors = clamp_width(kVectorsPerRow<R>, 4);
 
 // Scores of R query rows against C vectors of W tokens, vector c being W adjacent columns of a
 // K tile (k[c] + d * n is its row d): into s[g * padded + at[c] ..]. With kAhead, `ahead` is
