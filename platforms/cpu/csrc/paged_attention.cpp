@@ -170,8 +170,9 @@ struct Scratch {
 
 // Vector accumulators a kernel below keeps in registers: with the loaded K or V vectors beside
 // them they fit AVX-512's 32 registers (AVX2's 16), and there are enough independent sums that
-// the FMAs never wait on one another's latency. AVX2's 4-row prefill tiles keep 2 vectors a row
-// (8 sums, 2 loads): with 6 sums they had 1 a row and ran ~20% slower on Zen 1.
+// the FMAs never wait on one another's latency. AVX2's 4-row tiles (prefill's, and decodes of 4
+// query heads a KV head) keep 2 vectors a row (8 sums, 2 loads): with 6 sums they had 1 a row,
+// and prefill ran ~20% slower on Zen 1.
 constexpr int kAccumulators = at::vec::Vectorized<float>::size() >= 16 ? 12 : 6;
 constexpr int kMinVectorsPerRow = at::vec::Vectorized<float>::size() >= 16 ? 1 : 2;
 
