@@ -112,50 +112,133 @@ def test_a_head_for_another_target_is_refused(tmp_path, one_layer_target, target
         make_llm(one_layer_target, eagle(tmp_path / "head"))
 
 
-def _head_kv_of_verified_positions(llm, prompts, params) -> list[torch.Tensor]:
+def _head_kv_of_verified_positions(llm, prompts, params, as_drafted=None) -> list[torch.Tensor]:
     """Per request, the head's K and V (``[2, n - 2, kv heads, head dim]``) at its positions
-    0 .. n - 3 at the end of its last step (once it finished its blocks go to others), read
-    through its block table in the cpu platform's layout (``[2, blocks, kv heads, block size,
-    head dim]``, each K tile stored transposed, ``[head dim, block size]``). Position n - 2's
-    token after it came in the last step, after which nothing drafts; n - 1 has none."""
+    0 .. n - 3 as its blocks are given up (when the runner forgets it), read through its last
+    block table in the cpu platform's layout (``[2, blocks, kv heads, block size, head dim]``,
+    each K tile stored transposed, ``[head dim, block size]``). Position n - 2's token after it
+    came in the last step, after which nothing drafts; n - 1 has none. A request's finish
+    reaches the runner with the next step, so one more request runs after them.
+    ``as_drafted``: a list that gets ``(request index, K and V)`` of each drafting row's
+    verified positions right after it drafted, when its drafts read them."""
     runner = llm.engine.core.runner
-    cache = runner.speculation.proposer.attention_layers[0].kv_cache
+    proposer = runner.speculation.proposer
+    cache = proposer.attention_layers[0].kv_cache
     _, num_blocks, kv_heads, block_size, head_dim = cache.shape
     k_tiles = cache[0].view(num_blocks, kv_heads, head_dim, block_size)
-    kvs, step = {}, runner.execute_model
+    where, kvs, step, forget, propose = (
+        {},
+        {},
+        runner.execute_model,
+        proposer.forget,
+        proposer.propose,
+    )
+
+    def locate(batch, r, num_positions):
+        positions = torch.arange(num_positions)
+        table = torch.from_numpy(batch.block_table[r].astype("int64"))
+        return table[positions // block_size], positions % block_size
+
+    def read(blocks, slots):
+        return torch.stack([k_tiles[blocks, :, :, slots], cache[1, blocks, :, slots]])
 
     def record(scheduler_output):
         output = step(scheduler_output)
         batch = runner.input_batch
         for r in range(batch.num_reqs):
-            positions = torch.arange(int(batch.num_tokens[r]) - 2)
-            table = torch.from_numpy(batch.block_table[r].astype("int64"))
-            blocks, slots = table[positions // block_size], positions % block_size
-            k = k_tiles[blocks, :, :, slots]
-            kvs[batch.req_ids[r]] = torch.stack([k, cache[1, blocks, :, slots]])
+            where[batch.req_ids[r]] = locate(batch, r, int(batch.num_tokens[r]) - 2)
         return output
 
-    runner.execute_model = record
+    def read_as_forgotten(req_ids):
+        forget(req_ids)
+        for req_id in req_ids:
+            kvs[req_id] = read(*where[req_id])
+
+    def read_as_drafted(context):
+        drafts = propose(context)
+        batch = context.batch
+        for r in context.rows.tolist():
+            index = int(batch.req_ids[r])  # the LLM numbers its requests from 0, in order
+            as_drafted.append((index, read(*locate(batch, r, int(batch.num_tokens[r]) - 1))))
+        return drafts
+
+    runner.execute_model, proposer.forget = record, read_as_forgotten
+    if as_drafted is not None:
+        proposer.propose = read_as_drafted
     outputs = generate(llm, prompts, params)
+    generate(llm, prompts[:1], SamplingParams(max_tokens=1))
     return [kvs[o.request_id] for o in outputs]
 
 
 def test_the_heads_kv_is_the_same_whether_or_not_a_step_drafted(target_model, eagle_head):
-    """With disable_by_batch_size no step of a full batch drafts, so each row's verified
-    positions are written at its next step instead of by the pass that drafts: the head's KV
-    at every verified position ends up the same as when every step drafts."""
+    """With disable_by_batch_size no step of a full batch drafts, so the head's KV of each
+    row's verified positions is not written step by step but kept for later (here: written
+    when the requests finish, in one pass): it ends up the same at every verified position
+    as when every step drafts."""
     prompts = mixed_prompts(6, seed=4)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     always = make_llm(target_model, eagle(eagle_head, 3), enable_prefix_caching=False)
     never = make_llm(
         target_model, eagle(eagle_head, 3, disable_by_batch_size=1), enable_prefix_caching=False
     )
+    head, passes = never.engine.core.runner.speculation.proposer.model, []
+    head_forward = head.forward
+    head.forward = lambda *args, **kw: passes.append(1) or head_forward(*args, **kw)
     expected = _head_kv_of_verified_positions(always, prompts, params)
     got = _head_kv_of_verified_positions(never, prompts, params)
+    assert len(passes) == 1  # the whole prompts, in one step, and the ten tokens, kept
     assert always.engine.core.scheduler.spec_stats.num_drafts > 0
     assert never.engine.core.scheduler.spec_stats.num_drafts == 0
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+
+class TwoStepsInFive:
+    """A policy that turns drafts on for two steps in five (seeded requests' always)."""
+
+    def __init__(self) -> None:
+        self.steps, self.on = 0, True
+
+    def start_step(self, num_decodes: int) -> None:
+        self.on, self.steps = self.steps % 5 < 2, self.steps + 1
+
+    @property
+    def propose_after(self) -> bool:
+        return self.on
+
+    def allows(self, request) -> bool:
+        return self.on or request.sampling_params.seed is not None
+
+    def observe_step(self, *args) -> None:
+        pass
+
+
+def test_the_heads_kv_is_the_same_when_drafts_turn_on_and_off(target_model, eagle_head):
+    """Drafts on two steps in five: the positions kept while they are off are written when
+    they turn on again (a seeded request drafts every step, as with the adaptive policy), so
+    that each draft reads the head's KV of every position before it: at every verified
+    position, as each row drafts and as it finishes, it is the same as when every step
+    drafts."""
+    prompts = mixed_prompts(6, seed=6)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, seed=i if i % 3 else None)
+        for i in range(len(prompts))
+    ]
+    always = make_llm(target_model, eagle(eagle_head, 3), enable_prefix_caching=False)
+    switching = make_llm(target_model, eagle(eagle_head, 3), enable_prefix_caching=False)
+    core = switching.engine.core
+    core.spec_policy = core.scheduler.spec_policy = TwoStepsInFive()
+    expected = _head_kv_of_verified_positions(always, prompts, params)
+    as_drafted: list = []
+    got = _head_kv_of_verified_positions(switching, prompts, params, as_drafted)
+    num_drafts = always.engine.core.scheduler.spec_stats.num_drafts
+    assert 0 < core.scheduler.spec_stats.num_drafts < num_drafts
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+    assert len(as_drafted) > len(prompts)
+    for index, kv in as_drafted:  # the last drafts read one position more than is compared
+        n = min(kv.shape[1], expected[index].shape[1])
+        torch.testing.assert_close(kv[:, :n], expected[index][:, :n], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("head", ["p_eagle_head", "gumiho_head"])

@@ -135,12 +135,12 @@ class BatchRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's deltas to the request states and the persistent batch."""
         batch = self.input_batch
+        if self.speculation is not None and so.finished_req_ids:  # while their rows are there:
+            self.speculation.proposer.forget(so.finished_req_ids)  # a drafter may write KV
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             self._kept_generators.pop(req_id, None)
             batch.remove_request(req_id)
-        if self.speculation is not None and so.finished_req_ids:
-            self.speculation.proposer.forget(so.finished_req_ids)
         if self.grammar is not None and so.finished_req_ids:
             self.grammar.forget(so.finished_req_ids)
         new_states = self._new_request_states(so.scheduled_new_reqs)

@@ -8,13 +8,15 @@ position's KV can be written only once the token after it is known:
 
 - after each target forward (``forward_step``) the head runs on the positions of the rows that
   do not sample (prompt chunks: the next tokens are the prompt's). For the rows that sample it
-  keeps the target's hidden states: which of their positions are verified, and the token after
-  the last one, are known only after sampling;
-- ``propose`` runs the head once over each drafting row's verified positions of the step, the
-  newest token after the last one (one pass writes their KV, and its output at the last one
-  predicts the first draft), then K - 1 single-token steps, each from the head's own
-  prediction and draft, into the lookahead slots the scheduler allocated. A row that samples
-  but does not draft has its verified positions written at the start of its next step.
+  keeps the target's hidden states (``head_backlog``): which of their positions are verified,
+  and the token after the last one, are known only after sampling;
+- ``propose`` runs the head once over each drafting row's kept verified positions, the newest
+  token after the last one (one pass writes their KV, and its output at the last one predicts
+  the first draft), then K - 1 single-token steps, each from the head's own prediction and
+  draft, into the lookahead slots the scheduler allocated. A row that samples but does not
+  draft (drafts are off: the adaptive policy, ``disable_by_batch_size``) keeps its positions,
+  step after step, until it drafts again, finishes, or the kept states of all rows pass
+  ``MAX_BACKLOG_BYTES``; they are written in one pass then.
 
 Draft positions hold the KV of drafts until computed again, as with a draft model; only drafts
 depend on the head's KV, never the output (verification is lossless).
@@ -33,7 +35,10 @@ from octavo.models.layers.attention import Attention
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.drafting import DraftDistributions, chunk_metadata, drafter_config
 from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head
+from octavo.spec_decode.head_backlog import HeadBacklog, Piece
 from octavo.spec_decode.proposer import ProposeContext
+
+MAX_BACKLOG_BYTES = 64 << 20  # kept hidden states past this are written even while drafts are off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +72,11 @@ class EagleProposer:
         self.max_model_len = target.max_model_len
         self.distributions = DraftDistributions(target.vocab_size, self.k, self.device)
         self.draft_probs = self.distributions.draft_probs
-        # Per request whose positions of a sampling step have no head KV yet: (the hidden
-        # states kept for them, where its first one is there, its first position, how many).
-        self._pending: dict[str, tuple[torch.Tensor, int, int, int]] = {}
+        # The sampling rows' positions with no head KV yet: those of their last step (which
+        # are verified, and the token after the last one known, only after sampling), and
+        # while drafts are off, every step's (module docstring of head_backlog).
+        self._backlog = HeadBacklog()
+        self.max_backlog = MAX_BACKLOG_BYTES // (target.hidden_size * target.dtype.itemsize)
 
     @staticmethod
     def load_head(config: SpeculativeConfig, runner: Any) -> tuple[Any, EagleHead]:
@@ -84,12 +91,16 @@ class EagleProposer:
         num_scheduled = step.num_scheduled.astype(np.int64)
         num_reqs = len(num_scheduled)
         first = batch.num_computed_tokens[:num_reqs].astype(np.int64) - num_scheduled
-        self._write_pending(batch, first)
         starts = np.cumsum(num_scheduled) - num_scheduled
         sampling = np.zeros(num_reqs, dtype=bool)
         sampling[step.sample_rows] = True
-        self._keep(batch, np.flatnonzero(sampling), starts, first, num_scheduled, hidden_states)
         others = np.flatnonzero(~sampling)
+        self._trim_backlog(batch, first)
+        # The sampling rows' kept positions wait for their next drafts, whose pass writes them;
+        # a prompt chunk's (its row computed again after preemption) go before the chunk.
+        capped = self._backlog.num_positions > self.max_backlog
+        self._write_backlog(batch, np.arange(num_reqs) if capped else others)
+        self._keep(batch, np.flatnonzero(sampling), starts, first, num_scheduled, hidden_states)
         if len(others):  # prompt chunks: the token after each position is the prompt's
             counts = num_scheduled[others]
             hidden = hidden_states.index_select(0, self._flat(starts[others], counts))
@@ -105,44 +116,59 @@ class EagleProposer:
         kept_starts = (np.cumsum(counts) - counts).tolist()
         req_ids = batch.req_ids
         for i, r in enumerate(rows.tolist()):
-            self._pending[req_ids[r]] = (kept, kept_starts[i], int(first[r]), int(counts[i]))
+            self._backlog.add(
+                req_ids[r], Piece(kept, kept_starts[i], int(first[r]), int(counts[i]))
+            )
 
-    def _write_pending(self, batch: Any, first: np.ndarray) -> None:
-        """The KV of the verified positions of each row's last sampling step that ``propose``
-        did not write (the row did not draft), now that the tokens after them are known."""
-        if not self._pending:  # the usual case: propose wrote every sampling row's
+    def _trim_backlog(self, batch: Any, first: np.ndarray) -> None:
+        """Drop the step's rows' kept positions from the first one they compute on: those
+        of their last step that were not verified (or all, when computed again)."""
+        if not len(self._backlog):
             return
         req_ids = batch.req_ids
-        rows = [r for r in range(len(first)) if req_ids[r] in self._pending]
-        chunks = []
-        for r in rows:
-            kept, start, pending_first, count = self._pending.pop(req_ids[r])
-            verified = min(int(first[r]) - pending_first, count)
-            if verified > 0:  # else the row is computed again from before them
-                chunks.append((r, pending_first, verified, kept[start : start + verified]))
-        if chunks:
-            rows_np = np.array([c[0] for c in chunks])
+        for r in range(len(first)):
+            if req_ids[r] in self._backlog:
+                self._backlog.trim(req_ids[r], int(first[r]))
+
+    def _write_backlog(self, batch: Any, rows: np.ndarray) -> None:
+        """The head KV of every kept position of ``rows`` (trimmed: the tokens after them are
+        known), in one pass (one more per row with a gap in its positions, which is rare)."""
+        if not len(self._backlog):
+            return
+        req_ids = batch.req_ids
+        runs = {int(r): self._backlog.pop(req_ids[r]) for r in rows if req_ids[r] in self._backlog}
+        while runs:
+            chunk_rows = np.array(list(runs), dtype=np.int64)
+            firsts = [rs[0] for rs in runs.values()]
             chunk = VerifiedChunk(
-                np.array([c[1] for c in chunks], dtype=np.int64),
-                np.array([c[2] for c in chunks], dtype=np.int64),
-                torch.cat([c[3] for c in chunks]),
+                np.array([run.first for run in firsts], dtype=np.int64),
+                np.array([run.count for run in firsts], dtype=np.int64),
+                torch.cat([h for run in firsts for h in run.hidden]),
             )
-            self._chunk_pass(batch, rows_np, chunk)
+            self._chunk_pass(batch, chunk_rows, chunk)  # the rows' earliest runs first
+            runs = {r: rs[1:] for r, rs in runs.items() if len(rs) > 1}
 
     def _take_verified(self, batch: Any, rows: np.ndarray) -> VerifiedChunk:
-        """The verified positions of this step for ``rows`` (which sampled), up to the one
-        before the newest token, their pending KV now to be written by ``propose``."""
+        """The kept positions of ``rows`` (which sampled this step), up to the one before the
+        newest token, no longer kept: ``propose`` writes their KV in its pass. A row's positions
+        before a gap, if any, are written first, alone."""
         req_ids = batch.req_ids
-        entries = [self._pending.pop(req_ids[r]) for r in rows.tolist()]
-        first = np.array([e[2] for e in entries], dtype=np.int64)
-        counts = batch.num_tokens[rows].astype(np.int64) - 1 - first
-        kept = entries[0][0]
-        if all(e[0] is kept for e in entries):  # the usual case: all kept this step
-            starts = np.array([e[1] for e in entries], dtype=np.int64)
-            hidden = kept.index_select(0, self._flat(starts, counts))
-        else:
-            hidden = torch.cat([e[0][e[1] : e[1] + n] for e, n in zip(entries, counts.tolist())])
-        return VerifiedChunk(first, counts, hidden)
+        ends = batch.num_tokens[rows].astype(np.int64) - 1
+        for r, end in zip(rows.tolist(), ends.tolist()):
+            self._backlog.trim(req_ids[r], end)
+        runs = [self._backlog.pop(req_ids[r]) for r in rows.tolist()]
+        if any(len(rs) > 1 for rs in runs):
+            for i, r in enumerate(rows.tolist()):
+                for run in runs[i][:-1]:
+                    chunk = VerifiedChunk(
+                        np.array([run.first]), np.array([run.count]), torch.cat(run.hidden)
+                    )
+                    self._chunk_pass(batch, np.array([r]), chunk)
+        last = [rs[-1] for rs in runs]
+        first = np.array([run.first for run in last], dtype=np.int64)
+        counts = np.array([run.count for run in last], dtype=np.int64)
+        hidden = [h for run in last for h in run.hidden]
+        return VerifiedChunk(first, counts, hidden[0] if len(hidden) == 1 else torch.cat(hidden))
 
     def _flat(self, starts: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         row, offset = ragged_index(counts)
@@ -244,6 +270,16 @@ class EagleProposer:
             probs[torch.from_numpy(active).to(self.device), j] = q
 
     def forget(self, req_ids) -> None:
+        """Finished requests: the head KV of their kept verified positions is written (their
+        blocks may be reused through the prefix cache) while their rows are still in the
+        batch; the positions of their last step, never verified, are dropped."""
         self.distributions.forget(req_ids)
+        batch = self.runner.input_batch
+        rows = []
         for req_id in req_ids:
-            self._pending.pop(req_id, None)
+            row = batch.req_id_to_index.get(req_id)
+            if req_id in self._backlog and row is not None:
+                self._backlog.drop_newest(req_id)
+                rows.append(row)
+        self._write_backlog(batch, np.array(rows, dtype=np.int64))
+        self._backlog.forget(req_ids)
