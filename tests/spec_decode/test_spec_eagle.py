@@ -202,8 +202,7 @@ class TwoStepsInFive:
     def start_step(self, num_decodes: int) -> None:
         self.on, self.steps = self.steps % 5 < 2, self.steps + 1
 
-    @property
-    def propose_after(self) -> bool:
+    def propose_after(self, num_running: int) -> bool:
         return self.on
 
     def allows(self, request) -> bool:

@@ -20,7 +20,7 @@ def run(policy: SpeculationPolicy, num_decodes: int, steps: int, speed) -> list[
     for _ in range(steps):
         policy.start_step(num_decodes)
         on = policy.allows(request())
-        assert policy.propose_after == on
+        assert policy.propose_after(num_decodes) == on
         modes.append(on)
         emitted = num_decodes * (2 if on else 1)
         drafts = 3 * num_decodes if on else 0
@@ -72,3 +72,25 @@ def test_seeded_requests_keep_their_drafts_and_prefill_steps_are_not_measured():
     counts = dict(policy.counts)
     policy.observe_step(32, 900, 0, 32, 1.0)  # a step with prefill chunks
     assert policy.counts == counts
+
+
+def test_a_step_drafts_for_the_batch_size_of_the_step_that_verifies():
+    """A step of few decodes that brings many prompts to decoding drafts for none of them
+    where drafts are slower at the many; a step with drafts on after a step that drafted none
+    has nothing to verify, and is not measured."""
+    policy = SpeculationPolicy(probe_interval=1000)
+    run(policy, 1, 10, lambda on: 200.0 if on else 100.0)
+    run(policy, 16, 10, lambda on: 500.0 if on else 1000.0)
+    policy.start_step(1)
+    assert policy.allows(request())  # drafts on for the one decode of this step
+    assert policy.propose_after(1) and not policy.propose_after(16)
+    policy.observe_step(16, 16 * 64, 0, 1, 0.1)  # the prompts' step: not measured
+    counts = dict(policy.counts)
+    policy.start_step(1)  # the batch stayed small (say the prompts were aborted)
+    assert policy.allows(request())
+    policy.observe_step(1, 1, 0, 1, 0.01)  # one token: no drafts were there to verify
+    assert policy.counts == counts
+    assert policy.propose_after(1)
+    policy.start_step(1)
+    policy.observe_step(1, 4, 3, 3, 0.01)
+    assert policy.counts[policy.bucket(1), True] == counts[policy.bucket(1), True] + 1

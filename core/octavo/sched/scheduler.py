@@ -127,7 +127,7 @@ class Scheduler:
         output = self.deltas.build(plan.scheduled, plan.num_scheduled_tokens)
         output.scheduled_spec_token_ids = plan.spec_token_ids
         if self.spec_policy is not None:
-            output.propose_drafts = self.spec_policy.propose_after
+            output.propose_drafts = self.spec_policy.propose_after(len(self.running))
         self._num_scheduled_drafts = {r: len(d) for r, d in plan.spec_token_ids.items()}
         for request in plan.scheduled:
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]

@@ -13,8 +13,11 @@ without, runs the better, and now and then runs the other for a few steps (3 in 
 once one is 25% faster), so that both stay measured as the workload changes.
 
 Drafts are used ("on") unless they are measured slower; until both have been measured at a
-batch size, that size runs each for ``MIN_STEPS`` steps. Switching on costs one step that
-proposes but has nothing to verify; it is not measured. Which drafts run changes only speed,
+batch size, that size runs each for ``MIN_STEPS`` steps. A step drafts for the next one only
+if drafts are also on at the next step's batch size (the step that admits many prompts drafts
+for none where many decodes run faster without). Switching on costs one step that proposes
+but has nothing to verify; it is not measured, nor is a step with drafts on after one that
+drafted none. Which drafts run changes only speed,
 never tokens (verification is lossless); seeded requests always get theirs, since their random
 draws depend on how many drafts they verify and must not depend on the clock.
 """
@@ -41,6 +44,7 @@ class SpeculationPolicy:
         self.on = True
         self._bucket = 0
         self._steps_in_mode = 1  # the first step after switching on is not measured
+        self._proposed = True  # whether the last step drafted for every request
 
     @staticmethod
     def bucket(num_decodes: int) -> int:
@@ -53,7 +57,7 @@ class SpeculationPolicy:
         on = self._preferred(bucket)
         if self._decided(bucket) and step % self._probe_interval(bucket) < self.probe_steps:
             on = not on
-        if on != self.on:
+        if on != self.on or (on and not self._proposed):  # on with nothing to verify: switching
             self.on, self._steps_in_mode = on, 0
 
     def _probe_interval(self, bucket: int) -> int:
@@ -74,10 +78,14 @@ class SpeculationPolicy:
             return False
         return self.rates[bucket, True] > MARGIN * self.rates[bucket, False]
 
-    @property
-    def propose_after(self) -> bool:
-        """Whether the runner drafts for every request after this step."""
-        return self.on
+    def propose_after(self, num_running: int) -> bool:
+        """Whether the runner drafts for every request after this step, whose next step has
+        ``num_running`` requests: as this step verifies drafts, unless the next step's batch
+        size is in another bucket whose verdict is off (a step that starts a batch of many
+        decodes from prompts must not draft for them at the few decodes it had before)."""
+        bucket = self.bucket(num_running)
+        self._proposed = self.on and (bucket == self._bucket or self._preferred(bucket))
+        return self._proposed
 
     def allows(self, request: Request) -> bool:
         """True when ``request``'s drafts are verified this step."""
