@@ -12,14 +12,17 @@ keeps the tokens emitted per second of decode steps with drafts (proposing and v
 without, runs the better, and now and then runs the other for a few steps (3 in 32, or in 128
 once one is 25% faster), so that both stay measured as the workload changes.
 
-Drafts are used ("on") unless they are measured slower; until both have been measured at a
-batch size, that size runs each for ``MIN_STEPS`` steps. A step drafts for the next one only
-if drafts are also on at the next step's batch size (the step that admits many prompts drafts
-for none where many decodes run faster without). Switching on costs one step that proposes
-but has nothing to verify; it is not measured, nor is a step with drafts on after one that
-drafted none. Which drafts run changes only speed,
-never tokens (verification is lossless); seeded requests always get theirs, since their random
-draws depend on how many drafts they verify and must not depend on the clock.
+Until both modes have been measured at a batch size, that size runs each for ``MIN_STEPS``
+steps (drafts "on" first); drafts then stay on if they are ``MARGIN`` faster. After that a
+verdict changes only when the other mode is ``MARGIN`` faster than its own: where both are
+about as fast, noise does not make it flap. A step drafts for the next one when drafts are on
+at the next step (its batch size's verdict or probe, known a step ahead), so a probe's drafts
+are ready at its first step and none are made after its last, and the step that admits many
+prompts drafts for none where many decodes run faster without. The steps where that
+foresight fails (a verdict that changes, a batch that changes size otherwise than foreseen)
+are not measured. Which drafts run changes only speed, never tokens (verification is
+lossless); seeded requests always get theirs, since their random draws depend on how many
+drafts they verify and must not depend on the clock.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 from octavo.request import Request
 
 MIN_STEPS = 4  # measured steps of each kind before a batch size is decided
-MARGIN = 1.03  # drafts must be this much faster to stay on: noise must not make it flap
+MARGIN = 1.03  # a mode must be this much faster to take over: noise must not make it flap
 SMOOTHING = 0.05  # slow: a verdict on typical steps, not on the last few
 CLEAR = 1.25  # a mode this much faster is probed against four times less often
 
@@ -41,10 +44,11 @@ class SpeculationPolicy:
         self.rates: dict[tuple[int, bool], float] = {}  # (batch bucket, on) -> tokens/s
         self.counts: dict[tuple[int, bool], int] = {}
         self._steps: dict[int, int] = {}  # steps per bucket, for probing
+        self._verdicts: dict[int, bool] = {}  # decided buckets: drafts on or off
         self.on = True
         self._bucket = 0
-        self._steps_in_mode = 1  # the first step after switching on is not measured
-        self._proposed = True  # whether the last step drafted for every request
+        self._proposed = False  # whether the last step drafted for every request
+        self._to_verify = False  # whether this step has the drafts of every request to verify
 
     @staticmethod
     def bucket(num_decodes: int) -> int:
@@ -54,11 +58,15 @@ class SpeculationPolicy:
         """Decide this step for ``num_decodes`` running requests."""
         bucket = self._bucket = self.bucket(num_decodes)
         step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
+        self.on, self._to_verify = self._mode(bucket, step), self._proposed
+
+    def _mode(self, bucket: int, step: int) -> bool:
+        """Drafts on or off at ``bucket``'s ``step``: its verdict, or the other mode when the
+        step is one of a probe's."""
         on = self._preferred(bucket)
         if self._decided(bucket) and step % self._probe_interval(bucket) < self.probe_steps:
             on = not on
-        if on != self.on or (on and not self._proposed):  # on with nothing to verify: switching
-            self.on, self._steps_in_mode = on, 0
+        return on
 
     def _probe_interval(self, bucket: int) -> int:
         """Steps between probes: four times ``probe_interval`` once one mode is a clear
@@ -76,15 +84,30 @@ class SpeculationPolicy:
             return True
         if self.counts.get((bucket, False), 0) < MIN_STEPS:
             return False
-        return self.rates[bucket, True] > MARGIN * self.rates[bucket, False]
+        return self._verdicts[bucket]
+
+    def _update_verdict(self, bucket: int) -> None:
+        """Drafts on when first decided if they are ``MARGIN`` faster; after that the other
+        mode takes over only once it is ``MARGIN`` faster than the verdict's: where the two
+        are about as fast, the verdict stays (each change costs steps of both)."""
+        if not self._decided(bucket):
+            return
+        ratio = self.rates[bucket, True] / self.rates[bucket, False]
+        verdict = self._verdicts.get(bucket)
+        if verdict is None:
+            self._verdicts[bucket] = ratio > MARGIN
+        elif verdict and ratio < 1 / MARGIN:
+            self._verdicts[bucket] = False
+        elif not verdict and ratio > MARGIN:
+            self._verdicts[bucket] = True
 
     def propose_after(self, num_running: int) -> bool:
-        """Whether the runner drafts for every request after this step, whose next step has
-        ``num_running`` requests: as this step verifies drafts, unless the next step's batch
-        size is in another bucket whose verdict is off (a step that starts a batch of many
-        decodes from prompts must not draft for them at the few decodes it had before)."""
+        """Whether the runner drafts for every request after this step: whether drafts are on
+        at the next step, whose ``num_running`` requests set its bucket (as the verdicts stand
+        now). Proposals are then neither wasted at the last step with drafts on (a probe's, or
+        one that starts a batch of many decodes from prompts) nor missing at the first."""
         bucket = self.bucket(num_running)
-        self._proposed = self.on and (bucket == self._bucket or self._preferred(bucket))
+        self._proposed = self._mode(bucket, self._steps.get(bucket, 0) + 1)
         return self._proposed
 
     def allows(self, request: Request) -> bool:
@@ -102,11 +125,13 @@ class SpeculationPolicy:
         """A step of ``num_requests`` requests ran ``num_tokens`` tokens, ``num_draft_tokens``
         of them drafts, and emitted ``num_emitted`` in ``seconds``. Only decode steps (one
         token of each request's own) are measured: a prefill chunk's cost says nothing about
-        drafts."""
-        self._steps_in_mode += 1
+        drafts. Nor is a step that does not draft as its mode does (drafts on with none
+        proposed after it, or off with proposals), or on with nothing to verify: each costs
+        what neither mode does."""
         decode = num_tokens - num_draft_tokens == num_requests
-        if self._steps_in_mode == 1 or seconds <= 0 or not decode:
-            return  # just switched (on: nothing to verify yet), or prefill in the step
+        typical = self._proposed == self.on and (self._to_verify or not self.on)
+        if not typical or seconds <= 0 or not decode:
+            return
         key = (self._bucket, self.on)
         rate = num_emitted / seconds
         count = self.counts.get(key, 0)
@@ -114,3 +139,4 @@ class SpeculationPolicy:
             rate if count == 0 else self.rates[key] + SMOOTHING * (rate - self.rates[key])
         )
         self.counts[key] = count + 1
+        self._update_verdict(self._bucket)
