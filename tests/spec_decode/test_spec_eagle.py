@@ -166,6 +166,7 @@ def _head_kv_of_verified_positions(llm, prompts, params, as_drafted=None) -> lis
     if as_drafted is not None:
         proposer.propose = read_as_drafted
     outputs = generate(llm, prompts, params)
+    proposer.propose = propose  # the one more request's drafts are not the prompts'
     generate(llm, prompts[:1], SamplingParams(max_tokens=1))
     return [kvs[o.request_id] for o in outputs]
 
