@@ -35,7 +35,7 @@ from octavo.models.layers.attention import Attention
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.drafting import DraftDistributions, chunk_metadata, drafter_config
 from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head
-from octavo.spec_decode.head_backlog import HeadBacklog, Piece
+from octavo.spec_decode.head_backlog import HeadBacklog, Piece, Run
 from octavo.spec_decode.proposer import ProposeContext
 
 MAX_BACKLOG_BYTES = 64 << 20  # kept hidden states past this are written even while drafts are off
@@ -132,43 +132,33 @@ class EagleProposer:
 
     def _write_backlog(self, batch: Any, rows: np.ndarray) -> None:
         """The head KV of every kept position of ``rows`` (trimmed: the tokens after them are
-        known), in one pass (one more per row with a gap in its positions, which is rare)."""
+        known), no longer kept."""
         if not len(self._backlog):
             return
         req_ids = batch.req_ids
         runs = {int(r): self._backlog.pop(req_ids[r]) for r in rows if req_ids[r] in self._backlog}
+        self._write_runs(batch, runs)
+
+    def _write_runs(self, batch: Any, runs: dict[int, list[Run]]) -> None:
+        """The head KV of each batch row's ``runs``: one pass for every row's first run, one
+        more for the rows with a gap in their positions (rare), and so on."""
+        runs = {r: rs for r, rs in runs.items() if rs}
         while runs:
-            chunk_rows = np.array(list(runs), dtype=np.int64)
-            firsts = [rs[0] for rs in runs.values()]
-            chunk = VerifiedChunk(
-                np.array([run.first for run in firsts], dtype=np.int64),
-                np.array([run.count for run in firsts], dtype=np.int64),
-                torch.cat([h for run in firsts for h in run.hidden]),
-            )
-            self._chunk_pass(batch, chunk_rows, chunk)  # the rows' earliest runs first
+            chunk = _one_run_a_row([rs[0] for rs in runs.values()])
+            self._chunk_pass(batch, np.array(list(runs), dtype=np.int64), chunk)
             runs = {r: rs[1:] for r, rs in runs.items() if len(rs) > 1}
 
     def _take_verified(self, batch: Any, rows: np.ndarray) -> VerifiedChunk:
         """The kept positions of ``rows`` (which sampled this step), up to the one before the
         newest token, no longer kept: ``propose`` writes their KV in its pass. A row's positions
-        before a gap, if any, are written first, alone."""
+        before a gap, if any, are written first."""
         req_ids = batch.req_ids
         ends = batch.num_tokens[rows].astype(np.int64) - 1
         for r, end in zip(rows.tolist(), ends.tolist()):
             self._backlog.trim(req_ids[r], end)
         runs = [self._backlog.pop(req_ids[r]) for r in rows.tolist()]
-        if any(len(rs) > 1 for rs in runs):
-            for i, r in enumerate(rows.tolist()):
-                for run in runs[i][:-1]:
-                    chunk = VerifiedChunk(
-                        np.array([run.first]), np.array([run.count]), torch.cat(run.hidden)
-                    )
-                    self._chunk_pass(batch, np.array([r]), chunk)
-        last = [rs[-1] for rs in runs]
-        first = np.array([run.first for run in last], dtype=np.int64)
-        counts = np.array([run.count for run in last], dtype=np.int64)
-        hidden = [h for run in last for h in run.hidden]
-        return VerifiedChunk(first, counts, hidden[0] if len(hidden) == 1 else torch.cat(hidden))
+        self._write_runs(batch, {r: rs[:-1] for r, rs in zip(rows.tolist(), runs)})
+        return _one_run_a_row([rs[-1] for rs in runs])
 
     def _flat(self, starts: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         row, offset = ragged_index(counts)
@@ -283,3 +273,13 @@ class EagleProposer:
                 rows.append(row)
         self._write_backlog(batch, np.array(rows, dtype=np.int64))
         self._backlog.forget(req_ids)
+
+
+def _one_run_a_row(runs: list[Run]) -> VerifiedChunk:
+    """The chunk of one run of kept positions per row, in row order."""
+    hidden = [h for run in runs for h in run.hidden]
+    return VerifiedChunk(
+        np.array([run.first for run in runs], dtype=np.int64),
+        np.array([run.count for run in runs], dtype=np.int64),
+        hidden[0] if len(hidden) == 1 else torch.cat(hidden),
+    )
