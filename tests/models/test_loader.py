@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from octavo.errors import ConfigError
-from octavo.model_executor.loader import GENERIC_TOKENIZER_CLASSES, load_model, load_tokenizer
+from octavo.model_executor.loader import load_model
 from octavo.model_executor.model_config import ModelConfig
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
 
@@ -173,60 +171,3 @@ def test_generation_config_and_special_tokens(stories260k_path, octavo_platform)
     )
     assert (config.bos_token_id, config.eos_token_ids, config.max_model_len) == (1, (2,), 512)
     assert config.head_dim == 8 and config.num_key_value_heads == 4
-
-
-def test_tiny_model_tokenizer_covers_the_vocabulary(tiny_models):
-    tokenizer = load_tokenizer(tiny_models["LlamaForCausalLM"])
-    assert len(tokenizer) == 512
-    ids = tokenizer("the little cat ran home.").input_ids
-    assert (
-        ids[0] == 1
-        and tokenizer.decode(ids, skip_special_tokens=True) == "the little cat ran home."
-    )
-    assert tokenizer.decode([511])  # filler ids decode to something
-
-
-def test_generic_tokenizer_is_loaded_as_auto_tokenizer_loads_it(llama_copy):
-    """A folder naming the generic tokenizer.json class skips AutoTokenizer (which reads the model
-    config first) and gets the very tokenizer AutoTokenizer builds; other classes still go
-    through AutoTokenizer."""
-    from transformers import AutoTokenizer
-
-    texts = ["the little cat ran home.", "<s>Once upon</s> a time", "", "  two  spaces\n"]
-    for name in ("PreTrainedTokenizerFast", "TokenizersBackend"):
-        config = json.loads((llama_copy / "tokenizer_config.json").read_text())
-        config["tokenizer_class"] = name
-        (llama_copy / "tokenizer_config.json").write_text(json.dumps(config))
-        ours = load_tokenizer(llama_copy)
-        theirs = AutoTokenizer.from_pretrained(str(llama_copy), local_files_only=True)
-        assert type(ours) is type(theirs)
-        assert ours.all_special_tokens == theirs.all_special_tokens and len(ours) == len(theirs)
-        for text in texts:
-            ids = ours(text).input_ids
-            assert ids == theirs(text).input_ids
-            assert ours.decode(ids) == theirs.decode(ids)
-
-
-def test_generic_tokenizer_loads_without_the_model_config_modules(tiny_models):
-    """The start-up saving itself: loading such a tokenizer imports none of transformers'
-    AutoConfig machinery (a fresh interpreter, so nothing else imported it first)."""
-    path = tiny_models["LlamaForCausalLM"]
-    assert json.loads((path / "tokenizer_config.json").read_text())["tokenizer_class"] in (
-        GENERIC_TOKENIZER_CLASSES
-    )
-    code = (
-        "import sys\n"
-        "from octavo.model_executor.loader import load_tokenizer\n"
-        f"load_tokenizer({str(path)!r})\n"
-        "print('transformers.models.auto.configuration_auto' in sys.modules)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
-
-
-def test_missing_tokenizer(llama_copy):
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (llama_copy / name).unlink()
-    with pytest.raises(ConfigError, match="cannot load the tokenizer"):
-        load_tokenizer(llama_copy)

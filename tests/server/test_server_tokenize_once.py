@@ -1,5 +1,5 @@
 """A prompt is tokenised exactly once on its way from HTTP to the engine (and once offline):
-the tokenizer's backend counts every text it encodes while one request runs."""
+the tokenizer's backends count every text they encode while one request runs."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ MESSAGES = [{"role": "user", "content": "tell me about the little cat"}]
 
 
 class CountingBackend:
-    """Wraps a ``tokenizers.Tokenizer``: counts the texts it encodes, delegates the rest."""
+    """Wraps a ``tokenizers.Tokenizer``: counts the texts it encodes into ``counts``, delegates
+    the rest."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner, counts: list[int]) -> None:
         object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "num_encoded", 0)
+        object.__setattr__(self, "_counts", counts)
 
     def encode(self, *args, **kwargs):
-        object.__setattr__(self, "num_encoded", self.num_encoded + 1)
+        self._counts[0] += 1
         return self._inner.encode(*args, **kwargs)
 
     def encode_batch(self, inputs, *args, **kwargs):
-        object.__setattr__(self, "num_encoded", self.num_encoded + len(inputs))
+        self._counts[0] += len(inputs)
         return self._inner.encode_batch(inputs, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -32,16 +33,29 @@ class CountingBackend:
         setattr(self._inner, name, value)
 
 
+class Counter:
+    def __init__(self) -> None:
+        self.counts = [0]
+
+    @property
+    def num_encoded(self) -> int:
+        return self.counts[0]
+
+
 @contextlib.contextmanager
 def counting_encodes(tokenizer):
-    """Count the texts ``tokenizer`` (a transformers fast tokenizer) encodes in the block."""
-    inner = tokenizer._tokenizer
-    counter = CountingBackend(inner)
-    tokenizer._tokenizer = counter
+    """Count the texts the engine's tokenizer encodes in the block: through its own backend, and
+    through its transformers tokenizer's (chat templates render and encode there)."""
+    owners = [(tokenizer, "_backend"), (tokenizer.hf, "_tokenizer")]
+    counter = Counter()
+    inners = [getattr(owner, name) for owner, name in owners]
+    for (owner, name), inner in zip(owners, inners):
+        setattr(owner, name, CountingBackend(inner, counter.counts))
     try:
         yield counter
     finally:
-        tokenizer._tokenizer = inner
+        for (owner, name), inner in zip(owners, inners):
+            setattr(owner, name, inner)
 
 
 def test_the_counter_sees_a_direct_encode(server):
@@ -85,7 +99,7 @@ def test_a_chat_completion_is_tokenized_once(server):
 def test_an_offline_prompt_is_tokenized_once(offline):
     from octavo import SamplingParams
 
-    with counting_encodes(offline.get_tokenizer()) as counter:
+    with counting_encodes(offline.engine.tokenizer) as counter:
         offline.generate("once upon a time", SamplingParams(max_tokens=2), use_tqdm=False)
         offline.chat(MESSAGES, SamplingParams(max_tokens=2), use_tqdm=False)
     assert counter.num_encoded == 2

@@ -62,7 +62,7 @@ def opening(tool_server) -> dict:
     five): one tool, and a logit bias towards the tokens of ``<tool_call>`` (it never writes one
     unaided)."""
     tokenizer = tool_server.engine.tokenizer
-    ids = tokenizer("<tool_call>", add_special_tokens=False)["input_ids"]
+    ids = tokenizer.encode("<tool_call>", add_special_tokens=False)
     return dict(
         messages=[{"role": "user", "content": "add 5 and 6"}],
         tools=TOOLS[1:],
@@ -260,7 +260,7 @@ def test_a_conversation_with_calls_and_their_results(tool_server):
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 5, "b": 6}}\n</tool_call>' in rendered
     assert "<tool_response>\n11\n</tool_response>" in rendered
     assert response.usage.prompt_tokens == len(
-        tool_server.engine.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        tool_server.engine.tokenizer.encode(rendered, add_special_tokens=False)
     )
 
 

@@ -71,11 +71,10 @@ def main(args: argparse.Namespace) -> int:
     llm = make_llm(args)
     load_s = time.perf_counter() - start
     engine = llm.engine
-    tokenizer = llm.get_tokenizer()
     requests = load_requests(
         args,
         engine.model_config.vocab_size,
-        encode=tokenizer.encode,
+        encode=engine.tokenizer.encode,
         max_len=engine.model_config.max_model_len,
     )
     result = {

@@ -9,7 +9,7 @@ from typing import Iterable, Optional, Union
 from octavo.config import EngineArgs
 from octavo.engine.engine_core import EngineCore
 from octavo.inputs import InputProcessor, ProcessedRequest, PromptType, RequestOptions
-from octavo.model_executor.loader import load_tokenizer
+from octavo.model_executor.tokenizer import load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.outputs.processor import OutputProcessor
 from octavo.platform.facade import Platform

@@ -12,6 +12,7 @@ from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
 from octavo.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_one
 from octavo.inputs import PromptType, RequestOptions, TokensPrompt
+from octavo.model_executor.tokenizer import hf_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -32,7 +33,8 @@ class LLM:
         self.engine.core.shutdown()
 
     def get_tokenizer(self):
-        return self.engine.tokenizer
+        """The model's transformers tokenizer (imported and loaded on the first call)."""
+        return hf_tokenizer(self.engine.tokenizer)
 
     def generate(
         self,

@@ -1,4 +1,5 @@
-"""Building a model from a local HuggingFace folder: architecture lookup, safetensors, tokenizer."""
+"""Building a model from a local HuggingFace folder: architecture lookup, safetensors (the
+tokenizer: ``octavo.model_executor.tokenizer``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from octavo.config import check_quantization
 from octavo.errors import ConfigError
-from octavo.model_executor.model_config import ModelConfig, read_json, resolve_model_folder
+from octavo.model_executor.model_config import ModelConfig, read_json
 from octavo.models.layers.fp8 import quantize_model
 from octavo.models.layers.linear import TPGroup
 from octavo.models.weights import CheckpointTensor
@@ -96,37 +97,3 @@ def load_model(
             f"{config.architecture} needs: {shown}"
         )
     return quantize_model(model, platform, quantization).eval()
-
-
-GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
-"""``tokenizer_class`` names of transformers' generic ``tokenizer.json`` tokenizer (one class under
-both names), which ``AutoTokenizer`` would resolve to as well."""
-
-
-def load_tokenizer(model: Union[str, Path]):
-    """The model's tokenizer, as transformers ``AutoTokenizer`` loads it (local files only).
-
-    A folder whose ``tokenizer_config.json`` names the generic ``tokenizer.json`` class is loaded
-    by that class directly: the same tokenizer, without ``AutoTokenizer`` first reading the model
-    config, which imports the model's transformers modules (seconds of start-up)."""
-    path = resolve_model_folder(model)
-    try:
-        if _names_generic_tokenizer(path):
-            from transformers import PreTrainedTokenizerFast
-
-            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:  # transformers raises many types; the user needs the reason
-        raise ConfigError(f"cannot load the tokenizer from {str(path)!r}: {exc}") from exc
-
-
-def _names_generic_tokenizer(path: Path) -> bool:
-    """Whether ``path`` holds a ``tokenizer.json`` whose config names the generic class (and no
-    remote code of its own)."""
-    config_file = path / "tokenizer_config.json"
-    if not (path / "tokenizer.json").is_file() or not config_file.is_file():
-        return False
-    config = read_json(config_file)
-    return config.get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES and "auto_map" not in config

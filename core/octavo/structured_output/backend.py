@@ -7,6 +7,7 @@ import json
 import threading
 from typing import Any, Sequence
 
+from octavo.model_executor.tokenizer import hf_tokenizer
 from octavo.structured_output.params import StructuredOutputsParams
 
 BATCH_FILL_MIN = 8  # rows from which one batched fill beats filling them one by one
@@ -38,15 +39,18 @@ class GrammarBackend:
         stop_token_ids: Sequence[int] = (),
         any_whitespace: bool = False,
     ):
-        """``any_whitespace``: whether JSON may hold free whitespace when a request does not
-        say (``--structured-outputs-config``)."""
+        """``tokenizer``: what ``load_tokenizer`` returned (xgrammar reads its transformers
+        tokenizer). ``any_whitespace``: whether JSON may hold free whitespace when a request does
+        not say (``--structured-outputs-config``)."""
         import xgrammar
 
         self.xgrammar = xgrammar
         self.any_whitespace = any_whitespace
         self.vocab_size = vocab_size
         self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
+            hf_tokenizer(tokenizer),
+            vocab_size=vocab_size,
+            stop_token_ids=list(stop_token_ids) or None,
         )
         self.compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=2)
         self._compiled: dict[tuple, Any] = {}
