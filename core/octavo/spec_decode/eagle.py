@@ -15,8 +15,12 @@ position's KV can be written only once the token after it is known:
   the first draft), then K - 1 single-token steps, each from the head's own prediction and
   draft, into the lookahead slots the scheduler allocated. A row that samples but does not
   draft (drafts are off: the adaptive policy, ``disable_by_batch_size``) keeps its positions,
-  step after step, until it drafts again, finishes, or the kept states of all rows pass
-  ``MAX_BACKLOG_BYTES``; they are written in one pass then.
+  step after step, until it drafts again or the kept states of all rows pass
+  ``MAX_BACKLOG_BYTES``; they are written in one pass then;
+- a request that finishes with kept positions leaves them to ``PendingHeadKV``, by block:
+  written only if a new request reads those blocks from the prefix cache, before its first
+  head pass, and dropped when a block is computed again (most are never read: a pass over all
+  of them at the finish cost 40-100 ms a batch of 16 on the demo model).
 
 Draft positions hold the KV of drafts until computed again, as with a draft model; only drafts
 depend on the head's KV, never the output (verification is lossless).
@@ -35,7 +39,7 @@ from octavo.models.layers.attention import Attention
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.drafting import DraftDistributions, chunk_metadata, drafter_config
 from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head
-from octavo.spec_decode.head_backlog import HeadBacklog, Piece, Run
+from octavo.spec_decode.head_backlog import HeadBacklog, PendingHeadKV, Piece, Run
 from octavo.spec_decode.proposer import ProposeContext
 
 MAX_BACKLOG_BYTES = 64 << 20  # kept hidden states past this are written even while drafts are off
@@ -77,6 +81,10 @@ class EagleProposer:
         # while drafts are off, every step's (module docstring of head_backlog).
         self._backlog = HeadBacklog()
         self.max_backlog = MAX_BACKLOG_BYTES // (target.hidden_size * target.dtype.itemsize)
+        # Finished requests' kept positions, written only if a new request's prefix-cache hit
+        # reads them (PendingHeadKV); the requests of the last step, to tell new rows.
+        self._pending = PendingHeadKV(self.block_size, self.max_backlog)
+        self._seen: set[str] = set()
 
     @staticmethod
     def load_head(config: SpeculativeConfig, runner: Any) -> tuple[Any, EagleHead]:
@@ -95,6 +103,11 @@ class EagleProposer:
         sampling = np.zeros(num_reqs, dtype=bool)
         sampling[step.sample_rows] = True
         others = np.flatnonzero(~sampling)
+        req_ids = batch.req_ids[:num_reqs]
+        if len(self._pending):
+            new_rows = [r for r, req_id in enumerate(req_ids) if req_id not in self._seen]
+            self._settle_pending(batch, first, num_scheduled, new_rows)
+        self._seen = set(req_ids)
         self._trim_backlog(batch, first)
         # The sampling rows' kept positions wait for their next drafts, whose pass writes them;
         # a prompt chunk's (its row computed again after preemption) go before the chunk.
@@ -119,6 +132,17 @@ class EagleProposer:
             self._backlog.add(
                 req_ids[r], Piece(kept, kept_starts[i], int(first[r]), int(counts[i]))
             )
+
+    def _settle_pending(self, batch: Any, first, num_scheduled, new_rows: list[int]) -> None:
+        """Finished requests' kept positions: dropped for the blocks this step computes again
+        (reused), written for the blocks that rows new to the batch (admitted or resumed) read
+        from the prefix cache, before any head pass of the step reads them."""
+        bs = self.block_size
+        lo, hi = first // bs, (first + num_scheduled - 1) // bs
+        row, offset = ragged_index(hi - lo + 1)
+        self._pending.drop(batch.block_table[row, lo[row] + offset].tolist())
+        runs = {r: self._pending.pop(batch.block_table[r, : lo[r]].tolist()) for r in new_rows}
+        self._write_runs(batch, runs)
 
     def _trim_backlog(self, batch: Any, first: np.ndarray) -> None:
         """Drop the step's rows' kept positions from the first one they compute on: those
@@ -260,19 +284,37 @@ class EagleProposer:
             probs[torch.from_numpy(active).to(self.device), j] = q
 
     def forget(self, req_ids) -> None:
-        """Finished requests: the head KV of their kept verified positions is written (their
-        blocks may be reused through the prefix cache) while their rows are still in the
-        batch; the positions of their last step, never verified, are dropped."""
+        """Finished requests (their rows still in the batch): the positions of their last step,
+        never verified, are dropped; their kept verified positions wait in ``PendingHeadKV``
+        for a prefix-cache hit on their blocks, or are written now where a running request
+        shares one of those blocks (it reads them from its next draft on)."""
         self.distributions.forget(req_ids)
         batch = self.runner.input_batch
-        rows = []
+        kept = {}
         for req_id in req_ids:
             row = batch.req_id_to_index.get(req_id)
             if req_id in self._backlog and row is not None:
                 self._backlog.drop_newest(req_id)
-                rows.append(row)
-        self._write_backlog(batch, np.array(rows, dtype=np.int64))
+                kept[row] = self._backlog.pop(req_id)
         self._backlog.forget(req_ids)
+        shared = self._shared_rows(batch, kept)
+        self._write_runs(batch, {r: runs for r, runs in kept.items() if r in shared})
+        for r, runs in kept.items():
+            if r not in shared:
+                self._pending.add(batch.block_table[r, : batch.num_blocks[r]].tolist(), runs)
+
+    @staticmethod
+    def _shared_rows(batch: Any, kept: dict[int, list[Run]]) -> set[int]:
+        """The rows of ``kept`` with a block that a row outside ``kept`` also holds."""
+        if not kept:
+            return set()
+        live = np.setdiff1d(np.arange(batch.num_reqs), np.fromiter(kept, np.int64))
+        if not len(live):
+            return set()
+        num_cols = int(batch.num_blocks[: batch.num_reqs].max())
+        held = batch.block_table[live, :num_cols]
+        held = held[np.arange(num_cols) < batch.num_blocks[live][:, None]]
+        return {r for r in kept if np.isin(batch.block_table[r, : batch.num_blocks[r]], held).any()}
 
 
 def _one_run_a_row(runs: list[Run]) -> VerifiedChunk:

@@ -6,14 +6,15 @@ token at p + 1. While drafts are off (the adaptive policy measured them slower a
 size, or ``disable_by_batch_size``), a head pass every step only to keep that KV current costs
 as much as a quarter of a decode step on a small model, and nothing reads it until drafts are on
 again. The proposer keeps the hidden states here instead and writes their KV in one pass later:
-before the request drafts again, before its blocks go (it finished: they may be reused through
-the prefix cache) and whenever the backlog passes its cap.
+before the request drafts again and whenever the backlog passes its cap. When the request
+finishes, what it kept moves to ``PendingHeadKV``: its blocks may be read again through the
+prefix cache, but most never are.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -110,3 +111,72 @@ def _runs(pieces: list[Piece]) -> Iterator[Run]:
         hidden.append(piece.hidden())
     if hidden:
         yield Run(first, count, hidden)
+
+
+class PendingHeadKV:
+    """Finished requests' kept positions whose head KV no one may ever read, by block.
+
+    A finished request's blocks go to the prefix cache. The head's KV at its kept positions
+    is needed only if a later request reuses one of those blocks through a prefix-cache hit and
+    drafts; most blocks are never hit (a batch of distinct prompts) and are reused for other
+    tokens. So the positions wait here, block by block: a request whose cached prefix holds
+    such a block gets them written before its first head pass reads them (``pop``), and a block
+    computed again (reused) drops them (``drop``). Past ``max_positions`` the oldest go: a
+    later hit on their block drafts from missing head KV there (acceptance, never tokens).
+    """
+
+    def __init__(self, block_size: int, max_positions: int) -> None:
+        self.block_size, self.max_positions = block_size, max_positions
+        self._blocks: dict[int, tuple[int, torch.Tensor]] = {}  # id -> (first offset, hidden)
+        self.num_positions = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def add(self, block_ids: Sequence[int], runs: Iterable[Run]) -> None:
+        """Keep ``runs`` (of one request whose block table is ``block_ids``), block by block:
+        a copy, so that the steps' tensors they were cut from can go."""
+        bs = self.block_size
+        for run in runs:
+            hidden = torch.cat(run.hidden) if len(run.hidden) > 1 else run.hidden[0]
+            position, end = run.first, run.first + run.count
+            while position < end:
+                index = position // bs
+                stop = min(end, (index + 1) * bs)
+                rows = hidden[position - run.first : stop - run.first]
+                self._put(block_ids[index], position - index * bs, rows.clone())
+                position = stop
+        while self.num_positions > self.max_positions:
+            self._pop_block(next(iter(self._blocks)))
+
+    def _put(self, block_id: int, offset: int, hidden: torch.Tensor) -> None:
+        self._pop_block(block_id)  # a block's positions come from one request
+        self._blocks[block_id] = (offset, hidden)
+        self.num_positions += len(hidden)
+
+    def _pop_block(self, block_id: int) -> Optional[tuple[int, torch.Tensor]]:
+        entry = self._blocks.pop(block_id, None)
+        if entry is not None:
+            self.num_positions -= len(entry[1])
+        return entry
+
+    def drop(self, block_ids: Iterable[int]) -> None:
+        """Forget the positions of blocks that are being computed again."""
+        for block_id in block_ids:
+            self._pop_block(block_id)
+
+    def pop(self, block_ids: Sequence[int]) -> list[Run]:
+        """The positions kept for the blocks ``block_ids`` (a request's block table, the blocks
+        ``0 .. len - 1`` of its context), as runs in that request's positions; no longer kept."""
+        runs: list[Run] = []
+        for index, block_id in enumerate(block_ids):
+            entry = self._pop_block(block_id)
+            if entry is None:
+                continue
+            first = index * self.block_size + entry[0]
+            if runs and runs[-1].first + runs[-1].count == first:
+                last = runs.pop()
+                runs.append(Run(last.first, last.count + len(entry[1]), [*last.hidden, entry[1]]))
+            else:
+                runs.append(Run(first, len(entry[1]), [entry[1]]))
+        return runs
