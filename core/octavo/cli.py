@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    from octavo.entrypoints.start_up import collection_paused
+
+    with collection_paused():  # the subcommands' imports: modules live as long as the process
+        args = build_parser().parse_args(argv)
     try:
         return args.run(args)
     except (PlatformError, ValueError) as exc:

@@ -106,12 +106,7 @@ def _chat_template(value: Optional[str]) -> Optional[str]:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Load the engine, then serve until SIGTERM/SIGINT; returns the exit status."""
-    import uvicorn
-
-    from octavo.engine.async_engine import AsyncEngine
-    from octavo.engine.llm_engine import LLMEngine
-    from octavo.entrypoints.openai.api_server import build_app
-    from octavo.entrypoints.openai.serving_common import ServerConfig
+    from octavo.entrypoints.start_up import collection_paused
 
     if args.max_queue_len is not None and args.max_queue_len < 0:
         raise ConfigError(f"--max-queue-len must be >= 0; got {args.max_queue_len}")
@@ -134,22 +129,30 @@ def run_serve(args: argparse.Namespace) -> int:
         from octavo.distributed.headless import run_headless
 
         return run_headless(engine_args)  # workers for node 0's engine, no server
-    config = ServerConfig(
-        served_model_name=args.served_model_name or default_name,
-        model_path=model,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        max_queue_len=args.max_queue_len,
-        log_requests=not args.disable_log_requests,
-        chat_template=_chat_template(args.chat_template),
-        ready_timeout=args.ready_timeout,
-        tool_call_parser=tool_call_parser,
-        enable_auto_tool_choice=auto_tool_choice,
-    )
     listening = listening_socket(args.host, args.port)
     # uvicorn restores this handler after its graceful shutdown and re-raises the signal: exit 0.
     signal.signal(signal.SIGTERM, _exit_zero)
     try:
-        app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
+        with collection_paused():  # the server's modules and engine live as long as it does
+            import uvicorn
+
+            from octavo.engine.async_engine import AsyncEngine
+            from octavo.engine.llm_engine import LLMEngine
+            from octavo.entrypoints.openai.api_server import build_app
+            from octavo.entrypoints.openai.serving_common import ServerConfig
+
+            config = ServerConfig(
+                served_model_name=args.served_model_name or default_name,
+                model_path=model,
+                api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                max_queue_len=args.max_queue_len,
+                log_requests=not args.disable_log_requests,
+                chat_template=_chat_template(args.chat_template),
+                ready_timeout=args.ready_timeout,
+                tool_call_parser=tool_call_parser,
+                enable_auto_tool_choice=auto_tool_choice,
+            )
+            app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
     except BaseException:
         listening.close()
         raise
