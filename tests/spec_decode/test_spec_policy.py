@@ -4,8 +4,6 @@ requests keep their drafts."""
 
 from __future__ import annotations
 
-import random
-
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 from octavo.spec_decode.policy import MIN_STEPS, SpeculationPolicy
@@ -114,51 +112,3 @@ def test_a_step_drafts_for_the_batch_size_of_the_step_that_verifies():
     policy.start_step(1)
     policy.observe_step(1, 4, 3, 3, 0.01)
     assert policy.counts[policy.bucket(1), True] == counts[policy.bucket(1), True] + 1
-
-
-def drive(policy: SpeculationPolicy, steps: int, cost) -> list[bool]:
-    """``steps`` decode steps of one request; ``cost(on, i)`` gives the tokens step ``i``
-    emits and its seconds. Returns whether drafts were on at each step."""
-    modes, proposed = [], False
-    for i in range(steps):
-        policy.start_step(1)
-        on = policy.allows(request())
-        verifies, proposed = on and proposed, policy.propose_after(1)
-        emitted, seconds = cost(verifies, i)
-        drafts = 3 if verifies else 0
-        policy.observe_step(1, 1 + drafts, drafts, emitted, seconds)
-        modes.append(on)
-    return modes
-
-
-def test_a_mode_is_rated_by_its_mean_tokens_over_its_mean_seconds():
-    """Steps without drafts alternately fast and slow (2 and 6 ms: 250 tokens/s in all) and
-    steps with drafts that emit 1 or 3 tokens in 6 ms (333 tokens/s): drafts are faster. By
-    the mean of each step's rate (500 and 167 tokens/s) the steps without drafts would seem as
-    fast as those with (167 and 500), and drafts would not clear the margin."""
-    policy = SpeculationPolicy(probe_interval=1000)
-    modes = drive(
-        policy, 60, lambda on, i: (1 + 2 * (i % 2), 0.006) if on else (1, 0.002 + 0.004 * (i % 2))
-    )
-    assert all(modes[-40:])
-    bucket = policy.bucket(1)
-    assert (
-        abs(policy.rates[bucket, False] - 250.0) < 1
-        and abs(policy.rates[bucket, True] - 333.3) < 35
-    )
-
-
-def test_drafts_that_emit_a_varying_number_of_tokens_keep_a_steady_verdict():
-    """Drafts 8% faster on average (as P-EAGLE at batch 1 on a small model), each step with
-    drafts emitting 1 to 5 tokens at random: their rate is averaged over enough steps that the
-    verdict stays on but for the probes, instead of following the luck of the last few."""
-    rng = random.Random(0)
-    draws = [1, 1, 1, 2, 2, 3, 3, 4, 5]
-    seconds_on = sum(draws) / len(draws) / (1.08 / 0.004)
-
-    def cost(on: bool, i: int):
-        return (rng.choice(draws), seconds_on) if on else (1, 0.004)
-
-    policy = SpeculationPolicy(probe_interval=32, probe_steps=3)
-    modes = drive(policy, 3000, cost)
-    assert sum(modes[500:]) >= 0.85 * len(modes[500:])

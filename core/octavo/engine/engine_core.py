@@ -179,28 +179,26 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, execute and update once; return each request's new tokens."""
-        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if (
             scheduler_output.total_num_scheduled_tokens == 0
             and not scheduler_output.finished_req_ids
         ):
             return []
+        start = time.perf_counter()
         try:
             runner_output = self.runner.execute_model(scheduler_output)
         except RequestError as exc:
             return self._fail_step(exc)
-        num_emitted = sum(map(len, runner_output.sampled_token_ids))
-        outputs = self._update(runner_output)
-        if self.spec_policy is not None:  # the whole step: scheduling costs each mode too
+        if self.spec_policy is not None:
             self.spec_policy.observe_step(
                 len(scheduler_output.num_scheduled_tokens),
                 scheduler_output.total_num_scheduled_tokens,
                 sum(map(len, scheduler_output.scheduled_spec_token_ids.values())),
-                num_emitted,
+                sum(map(len, runner_output.sampled_token_ids)),
                 time.perf_counter() - start,
             )
-        return outputs
+        return self._update(runner_output)
 
     def _fail_step(self, error: RequestError) -> list[EngineCoreOutput]:
         """The step failed before its forward pass for some requests (their set-up): end those

@@ -12,14 +12,6 @@ keeps the tokens emitted per second of decode steps with drafts (proposing and v
 without, runs the better, and now and then runs the other for a few steps (3 in 32, or in 128
 once one is 25% faster), so that both stay measured as the workload changes.
 
-A mode's rate is its mean tokens a step over its mean seconds a step (a mean of each step's
-rate would overstate the mode whose step times vary: fast steps weigh more). The two means are
-smoothed at their own pace: a step's time varies little and follows the machine's load, so it
-is smoothed over the last ~40 steps; how many tokens a step with drafts emits varies from 1 to
-K + 1 with the text, so it is smoothed over ~400 (over ~40, the estimate moved by ~9% at
-batch 1, more than the margin below, and the verdict with it). Both are plain means while a
-mode has fewer steps than its window.
-
 Until both modes have been measured at a batch size, that size runs each for ``MIN_STEPS``
 steps (drafts "on" first); drafts then stay on if they are ``MARGIN`` faster. After that a
 verdict changes only when the other mode is ``MARGIN`` faster than its own: where both are
@@ -39,8 +31,7 @@ from octavo.request import Request
 
 MIN_STEPS = 4  # measured steps of each kind before a batch size is decided
 MARGIN = 1.03  # a mode must be this much faster to take over: noise must not make it flap
-SECONDS_SMOOTHING = 0.05  # a step's seconds: typical steps, not the last few
-TOKENS_SMOOTHING = 0.005  # a step's tokens: ~400 steps, as acceptance varies with the text
+SMOOTHING = 0.05  # slow: a verdict on typical steps, not on the last few
 CLEAR = 1.25  # a mode this much faster is probed against four times less often
 
 
@@ -50,20 +41,14 @@ class SpeculationPolicy:
 
     def __init__(self, probe_interval: int = 32, probe_steps: int = 3):
         self.probe_interval, self.probe_steps = probe_interval, probe_steps
-        self.counts: dict[tuple[int, bool], int] = {}  # (batch bucket, on) -> measured steps
-        self._tokens: dict[tuple[int, bool], float] = {}  # -> smoothed tokens a step
-        self._seconds: dict[tuple[int, bool], float] = {}  # -> smoothed seconds a step
+        self.rates: dict[tuple[int, bool], float] = {}  # (batch bucket, on) -> tokens/s
+        self.counts: dict[tuple[int, bool], int] = {}
         self._steps: dict[int, int] = {}  # steps per bucket, for probing
         self._verdicts: dict[int, bool] = {}  # decided buckets: drafts on or off
         self.on = True
         self._bucket = 0
         self._proposed = False  # whether the last step drafted for every request
         self._to_verify = False  # whether this step has the drafts of every request to verify
-
-    @property
-    def rates(self) -> dict[tuple[int, bool], float]:
-        """Tokens a second of each measured ``(batch bucket, drafts on)``."""
-        return {key: self._tokens[key] / self._seconds[key] for key in self.counts}
 
     @staticmethod
     def bucket(num_decodes: int) -> int:
@@ -86,13 +71,8 @@ class SpeculationPolicy:
     def _probe_interval(self, bucket: int) -> int:
         """Steps between probes: four times ``probe_interval`` once one mode is a clear
         winner (25% faster), so that a clear verdict costs little."""
-        ratio = self._ratio(bucket)
+        ratio = self.rates[bucket, True] / self.rates[bucket, False]
         return self.probe_interval * (4 if ratio > CLEAR or ratio < 1 / CLEAR else 1)
-
-    def _ratio(self, bucket: int) -> float:
-        """Tokens a second with drafts over without, at ``bucket``."""
-        on, off = (bucket, True), (bucket, False)
-        return (self._tokens[on] * self._seconds[off]) / (self._seconds[on] * self._tokens[off])
 
     def _decided(self, bucket: int) -> bool:
         return min(self.counts.get((bucket, True), 0), self.counts.get((bucket, False), 0)) >= (
@@ -112,7 +92,7 @@ class SpeculationPolicy:
         are about as fast, the verdict stays (each change costs steps of both)."""
         if not self._decided(bucket):
             return
-        ratio = self._ratio(bucket)
+        ratio = self.rates[bucket, True] / self.rates[bucket, False]
         verdict = self._verdicts.get(bucket)
         if verdict is None:
             self._verdicts[bucket] = ratio > MARGIN
@@ -153,12 +133,10 @@ class SpeculationPolicy:
         if not typical or seconds <= 0 or not decode:
             return
         key = (self._bucket, self.on)
-        count = self.counts[key] = self.counts.get(key, 0) + 1
-        _smooth(self._tokens, key, num_emitted, max(1 / count, TOKENS_SMOOTHING))
-        _smooth(self._seconds, key, seconds, max(1 / count, SECONDS_SMOOTHING))
+        rate = num_emitted / seconds
+        count = self.counts.get(key, 0)
+        self.rates[key] = (
+            rate if count == 0 else self.rates[key] + SMOOTHING * (rate - self.rates[key])
+        )
+        self.counts[key] = count + 1
         self._update_verdict(self._bucket)
-
-
-def _smooth(means: dict, key, value: float, weight: float) -> None:
-    """Move ``means[key]`` by ``weight`` towards ``value`` (weight 1: start at it)."""
-    means[key] = value if weight >= 1 else means[key] + weight * (value - means[key])
