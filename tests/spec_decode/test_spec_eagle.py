@@ -9,7 +9,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import random
 import shutil
 
 import pytest
@@ -197,37 +196,34 @@ def _head_kv_read_again(
 ) -> list[torch.Tensor]:
     """Per request, the head's K and V at the positions a second request reads from the prefix
     cache when its prompt is the first one's tokens (prompt and output): those before the
-    second request's first computed position (and before n - 2, as above), read through the
-    first request's blocks right after the second one's first step (later its blocks may be
-    reused). One more request runs between (the finish of the first ones reaches the runner),
-    then ``between()``. ``as_drafted``: as above, for the first requests. The LLM numbers its
-    requests in order."""
+    second request's first computed position, read through the second one's block table right
+    after its first step (a block the first one computed may not be the one read: blocks of the
+    same tokens are cached once). One more request runs between (the finish of the first ones
+    reaches the runner), then ``between()``. ``as_drafted``: as above, for the first
+    requests."""
     runner = llm.engine.core.runner
     locate, read = _kv_reader(llm)
-    where, kvs, step = {}, {}, runner.execute_model
-    base = int(next(copy.copy(llm.engine._ids)))  # the first requests' ids start here
-    offset = len(prompts) + 1  # a second request's id, less its first one's
+    kvs, step = {}, runner.execute_model
+    base = int(next(copy.copy(llm.engine._ids)))  # the LLM numbers its requests in order
+    second = base + len(prompts) + 1  # the first second request's id
 
     def record(scheduler_output):
         output = step(scheduler_output)
         batch = runner.input_batch
         for r in range(batch.num_reqs):
             req_id = batch.req_ids[r]
-            if base <= int(req_id) < base + len(prompts):  # a first one: its last table counts
-                where[req_id] = locate(batch, r, int(batch.num_tokens[r]) - 2)
-            elif int(req_id) >= base + offset and req_id not in kvs:  # a second one's first step
+            if int(req_id) >= second and req_id not in kvs:  # a second request's first step
                 first = int(batch.num_computed_tokens[r])
                 first -= scheduler_output.num_scheduled_tokens[req_id]
-                blocks, slots = where[str(int(req_id) - offset)]
-                kvs[req_id] = read(blocks[:first], slots[:first])
+                kvs[req_id] = read(*locate(batch, r, first))
         return output
 
-    runner.execute_model = record
     with _drafts_reading(llm, as_drafted):
         outputs = generate(llm, prompts, params)
     generate(llm, [[1, 2, 3]], SamplingParams(max_tokens=1))
     between()
     again = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outputs)]
+    runner.execute_model = record
     rereads = generate(llm, again, SamplingParams(max_tokens=1))
     runner.execute_model = step
     return [kvs[r.request_id] for r in rereads]
@@ -364,9 +360,8 @@ def test_a_block_computed_again_drops_what_a_finished_request_left_there(target_
     prompt's early chunk (not sampled, so its head KV is written at once) computes it again:
     what was left there goes, and a request that later reads the block from the prefix cache
     finds the new tokens' KV, the same as when every step drafts."""
-    rng = random.Random(8)  # prompts of 3 to 6 chunks of 16 tokens, no two sharing a block
-    lengths = [rng.randrange(40, 90) for _ in range(12)]
-    prompts = [[1] + [rng.randrange(3, 512) for _ in range(n)] for n in lengths]
+    # 3 to 14 chunks of 16 tokens, some sharing a prefix of up to 34 tokens with another
+    prompts = [p * 3 for p in mixed_prompts(12, seed=8)]
     first, second = prompts[:6], prompts[6:]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     # 160 blocks of 8 tokens (6 KiB each for this target and head): the second requests reuse
