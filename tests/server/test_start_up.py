@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 from octavo.entrypoints.start_up import collection_paused
 
@@ -30,12 +32,9 @@ def test_a_collector_turned_off_before_stays_off():
         gc.unfreeze()
 
 
-def test_the_server_command_starts_with_its_imports_frozen(tmp_path):
+def test_the_server_command_starts_with_its_imports_frozen():
     """``octavo`` (any command) parses its arguments, which imports the subcommands' modules,
     with the collector paused: those modules end up frozen."""
-    import subprocess
-    import sys
-
     code = (
         "import gc, sys\n"
         "from octavo.cli import main\n"
