@@ -31,6 +31,7 @@ SOURCES = [
     "csrc/rotary.cpp",
     "csrc/gemm.cpp",
     "csrc/argmax.cpp",
+    "csrc/decoder_stack.cpp",
 ]
 
 

@@ -104,6 +104,7 @@ def compiled_packer(
             linear(out, rows, packed)
             return out.view(*x.shape[:-1], out_features).to(x.dtype)
 
+        product.packed = packed  # for a caller that runs the kernel itself (decoder_stack)
         return product
 
     return pack

@@ -17,6 +17,7 @@ from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.compiled_graph import CompiledForward, compile_cache_dir
+from octavo_cpu.decoder_stack import decoder_stack_forward
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
@@ -179,7 +180,10 @@ def octavo_communicator(platform, group):
 @hookimpl
 def octavo_graph_runner(platform, model, config):
     if _mine(platform):
-        forward = model if config.enforce_eager else compiled_forward(model, config)
+        if config.enforce_eager:
+            forward = decoder_stack_forward(model, load_kernels().ops) or model
+        else:
+            forward = compiled_forward(model, config)
         return ThreadedForward(forward, StepThreads.from_env())
 
 

@@ -41,6 +41,11 @@ class PackedMatmul:
         for start, size in ranges:
             self._products[(start, size)] = pack(weight.narrow(0, start, size))
 
+    def product_for(self, start: int, size: int) -> Optional[Product]:
+        """The packed product of the weight's rows ``start .. start + size`` (None: not packed
+        yet)."""
+        return self._products.get((start, size))
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, start: int, size: int, bias: Optional[torch.Tensor]
     ) -> torch.Tensor:
