@@ -1,6 +1,6 @@
-"""The cpu platform's decoder stack (one compiled call for a Llama model's layers): the same
-hidden states as the modules, bit for bit, in every step of mixed batches; the modules wherever
-it does not apply."""
+"""The cpu platform's decoder stack (one compiled call for Llama decoder layers and their final
+norm): the same hidden states as the modules, bit for bit, in every step of mixed batches, for
+a target model and an EAGLE head; the modules wherever it does not apply."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
-from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
+from octavo.testing.tiny_models import TinyModelSpec, write_random_eagle_head, write_tiny_model
 from octavo_cpu import kernels, plugin
-from octavo_cpu.decoder_stack import STACK_ENV, DecoderStackForward
+from octavo_cpu.decoder_stack import STACK_ENV, DecoderStack
 
 pytestmark = pytest.mark.skipif(
     kernels.load_kernels().ops is None, reason="the compiled kernels do not run here"
@@ -25,6 +25,7 @@ SPECS = {
 PROMPTS = [
     [1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((36, 4, 20, 1))
 ]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
 def make_llm(folder, **engine_args) -> LLM:
@@ -38,48 +39,73 @@ def make_llm(folder, **engine_args) -> LLM:
     )
 
 
+def generate(llm: LLM, params=GREEDY) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def stacked(module) -> bool:
+    return isinstance(module.decoder_stack, DecoderStack)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("decoder_stack")
     return {name: write_tiny_model(root / name, spec) for name, spec in SPECS.items()}
 
 
+def check_every_call(module, calls: list) -> None:
+    """Run the modules, then the stack, at every call of ``module``'s stack; record whether
+    they agreed (the modules write the step's KV first, the stack writes it again)."""
+    stack = module.decoder_stack
+
+    def both(hidden, cos_sin, metadata):
+        module.decoder_stack = None
+        try:
+            expected = module.run_layers(hidden, cos_sin, metadata)
+        finally:
+            module.decoder_stack = both
+        got = stack(hidden, cos_sin, metadata)
+        calls.append((hidden.shape[0], metadata.num_reqs, torch.equal(got, expected)))
+        return expected
+
+    module.decoder_stack = both
+
+
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_the_stack_gives_the_modules_hidden_states_bit_for_bit(models, name, block_size):
     llm = make_llm(models[name], block_size=block_size)
-    threaded = llm.engine.core.runner.forward
-    stack = threaded.model
-    assert isinstance(stack, DecoderStackForward)
-    steps = []
+    target = llm.engine.core.runner.model.model
+    assert stacked(target)
+    calls: list = []
+    check_every_call(target, calls)
+    generate(llm)
+    assert all(equal for _, _, equal in calls), calls
+    assert any(tokens > reqs > 1 for tokens, reqs, _ in calls), "no step mixed prefill and decodes"
+    assert any(tokens == reqs for tokens, reqs, _ in calls), "no decode-only step"
 
-    def both(input_ids, positions, metadata):
-        expected = stack.model(input_ids, positions, metadata)  # the modules write the KV first
-        got = stack(input_ids, positions, metadata)  # then the stack writes it again
-        steps.append((input_ids.shape[0], metadata.num_reqs, torch.equal(got, expected)))
-        return expected
 
-    threaded.model = both
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert all(equal for _, _, equal in steps), steps
-    assert any(tokens > reqs > 1 for tokens, reqs, _ in steps), "no step mixed prefill and decodes"
-    assert any(tokens == reqs for tokens, reqs, _ in steps), "no decode-only step"
+def test_an_eagle_heads_layer_runs_as_a_stack_bit_for_bit(models, tmp_path):
+    head = write_random_eagle_head(tmp_path / "head", models["llama-gqa"], seed=1)
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3, "adaptive": False}
+    llm = make_llm(models["llama-gqa"], speculative_config=spec)
+    runner = llm.engine.core.runner
+    head_model = runner.speculation.proposer.model
+    assert stacked(head_model) and stacked(runner.model.model)
+    calls: list = []
+    check_every_call(head_model, calls)
+    generate(llm)
+    assert len(calls) > 10 and all(equal for _, _, equal in calls), calls
 
 
 def test_the_stack_keeps_greedy_tokens(models, monkeypatch):
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
-    stacked = make_llm(models["llama-gqa"])
+    with_stack = make_llm(models["llama-gqa"])
     monkeypatch.setenv(STACK_ENV, "0")
     modules = make_llm(models["llama-gqa"])
-    assert isinstance(stacked.engine.core.runner.forward.model, DecoderStackForward)
-    assert not isinstance(modules.engine.core.runner.forward.model, DecoderStackForward)
-    ids = [
-        [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-        for llm in (stacked, modules)
-    ]
-    assert ids[0] == ids[1]
+    assert stacked(with_stack.engine.core.runner.model.model)
+    assert modules.engine.core.runner.model.model.decoder_stack is None
+    assert generate(with_stack) == generate(modules)
 
 
 @pytest.mark.parametrize(
@@ -93,12 +119,12 @@ def test_the_stack_keeps_greedy_tokens(models, monkeypatch):
 )
 def test_models_the_stack_does_not_fit_run_their_modules(tmp_path, spec):
     llm = make_llm(write_tiny_model(tmp_path / "model", spec))
-    assert not isinstance(llm.engine.core.runner.forward.model, DecoderStackForward)
+    assert llm.engine.core.runner.model.model.decoder_stack is None
 
 
 def test_a_bfloat16_model_and_the_torch_path_run_their_modules(models, monkeypatch):
     bf16 = make_llm(models["llama-gqa"], dtype="bfloat16")
-    assert not isinstance(bf16.engine.core.runner.forward.model, DecoderStackForward)
+    assert bf16.engine.core.runner.model.model.decoder_stack is None
     monkeypatch.setattr(plugin, "load_kernels", lambda: kernels._load("torch"))
     torch_path = make_llm(models["llama-gqa"])
-    assert not isinstance(torch_path.engine.core.runner.forward.model, DecoderStackForward)
+    assert torch_path.engine.core.runner.model.model.decoder_stack is None

@@ -27,6 +27,7 @@ from octavo.model_executor.profile import ProfileResult, profile_run, warm_up
 from octavo.model_executor.runner_output import ModelRunnerOutput
 from octavo.model_executor.step_inputs import StepInputs
 from octavo.models.layers.attention import Attention
+from octavo.models.layers.decoder_stack import attach_decoder_stacks
 from octavo.models.layers.linear import TPGroup
 from octavo.models.layers.packed import pack_linears
 from octavo.models.layers.widen import widen_matmuls
@@ -71,7 +72,8 @@ class ModelRunner(BatchRunner):
     def build_model(self, model_config: ModelConfig):
         """``(model, forward)``: :meth:`load_model` with the platform's forward for it, compiled
         when ``--no-enforce-eager`` asks and the platform can (else it says so)."""
-        model = self.load_model(model_config)
+        # A compiled forward traces the modules; the platform's decoder stack is opaque to it.
+        model = self.load_model(model_config, stack_layers=self.config.enforce_eager)
         forward = self.platform.graph_runner(model, self.config)
         if not self.config.enforce_eager and not getattr(forward, "compiled", False):
             logger.warning(
@@ -81,9 +83,15 @@ class ModelRunner(BatchRunner):
             )
         return model, forward
 
-    def load_model(self, model_config: ModelConfig, model_cls: Optional[type] = None):
+    def load_model(
+        self,
+        model_config: ModelConfig,
+        model_cls: Optional[type] = None,
+        stack_layers: bool = True,
+    ):
         """A model (of ``model_cls``, else its config's architecture) of this runner's
-        platform, block size, device and quantisation, its linears packed."""
+        platform, block size, device and quantisation, its linears packed, and its decoder
+        layers run by the platform's stack where it has one (``stack_layers``)."""
         platform = self.platform
         model = load_model(
             model_config,
@@ -96,7 +104,7 @@ class ModelRunner(BatchRunner):
         )
         widen_matmuls(model, platform.capabilities.widened_matmul_dtypes)
         pack_linears(model, platform.linear_packer(model_config.dtype))
-        return model
+        return attach_decoder_stacks(model, platform) if stack_layers else model
 
     # --- KV cache and lifecycle (what the engine core calls, as on a MultiprocExecutor) ------
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from octavo.errors import ConfigError
 from octavo.models.layers.attention import Attention
+from octavo.models.layers.decoder_stack import StackedDecoder
 from octavo.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from octavo.models.layers.linear import (
     MergedColumnParallelLinear,
@@ -139,7 +140,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(StackedDecoder, nn.Module):
     """Embedding, decoder layers and the final norm (HF module names, so checkpoints map 1:1)."""
 
     def __init__(
@@ -163,11 +164,7 @@ class LlamaModel(nn.Module):
     ):
         hidden = self.embed_tokens(input_ids)
         cos_sin = self.rotary_emb.cos_sin(positions, self.dtype)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos_sin, attn_metadata)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        return self.run_layers(hidden, cos_sin, attn_metadata)
 
 
 class LlamaForCausalLM(nn.Module):

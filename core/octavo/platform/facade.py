@@ -160,6 +160,11 @@ class Platform:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""
         return self.pm.hook.octavo_linear_packer(platform=self.info, dtype=dtype)
 
+    def decoder_stack(self, layers: torch.nn.Module, norm: torch.nn.Module) -> Optional[Any]:
+        """The platform's one-call run of Llama decoder ``layers`` and the final ``norm``
+        (``octavo_decoder_stack``), or None: the model runs its modules."""
+        return self.pm.hook.octavo_decoder_stack(platform=self.info, layers=layers, norm=norm)
+
     def graph_runner(self, model: torch.nn.Module, config: Any) -> Any:
         """The forward the runner calls for ``model``: the platform's own, or the model."""
         result = self.pm.hook.octavo_graph_runner(platform=self.info, model=model, config=config)

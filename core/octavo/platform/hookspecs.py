@@ -192,6 +192,19 @@ def octavo_linear_packer(platform: PlatformInfo, dtype: torch.dtype) -> Optional
 
 
 @hookspec(firstresult=True)
+def octavo_decoder_stack(platform: PlatformInfo, layers: Any, norm: Any) -> Optional[Any]:
+    """Return ``fn(hidden [T, hidden], cos_sin, attn_metadata) -> hidden``: the Llama decoder
+    ``layers`` (an ``nn.ModuleList`` of ``octavo.models.llama.LlamaDecoderLayer``) and then
+    ``norm`` (an ``RMSNorm`` taking the last layer's residual) in one call, with the numbers the
+    modules give (for example their kernels chained in compiled code). None where it does not
+    apply to these layers: the model runs them as modules.
+
+    Optional. Stops at the first non-None result. Called once per model after its linears are
+    packed, for the target model and a draft head alike.
+    """
+
+
+@hookspec(firstresult=True)
 def octavo_communicator(platform: PlatformInfo, group: Any) -> Optional[Communicator]:
     """Return collective operations (all-reduce, all-gather, send, recv) for a process group.
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from octavo.errors import ConfigError
+from octavo.models.layers.decoder_stack import StackedDecoder
 from octavo.models.layers.linear import ColumnParallelLinear, TPGroup
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
@@ -28,7 +29,7 @@ from octavo.models.weights import expected_checkpoint_names, load_checkpoint_ten
 ARCHITECTURE = "EagleHead"
 
 
-class EagleHead(nn.Module):
+class EagleHead(StackedDecoder, nn.Module):
     """The head; built by the loader (``model_cls``), then ``attach``-ed to its target."""
 
     STACKED_PARAMS = LlamaForCausalLM.STACKED_PARAMS
@@ -81,9 +82,7 @@ class EagleHead(nn.Module):
         """``fc`` of the pair, the decoder layer, the norm."""
         hidden = self.fc(torch.cat([embeds, hidden_states], dim=-1))
         cos_sin = self.rotary_emb.cos_sin(positions, self.dtype)
-        hidden, residual = self.layers[0](hidden, None, cos_sin, attn_metadata)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        return self.run_layers(hidden, cos_sin, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self._target.compute_logits(hidden_states)

@@ -1,9 +1,10 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
-``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), and the
-forward that runs each step on the threads its size pays for (``graph_runner``), and the
-collectives of tensor parallelism (``communicator``: all-reduce through shared memory for ranks
-on one host, else gloo). This module only wires them."""
+``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), Llama
+decoder layers in one compiled call (``decoder_stack``), the forward that runs each step on the
+threads its size pays for (``graph_runner``), and the collectives of tensor parallelism
+(``communicator``: all-reduce through shared memory for ranks on one host, else gloo). This
+module only wires them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from octavo.platform import Capabilities, MemoryInfo, PlatformInfo, hookimpl
 from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.compiled_graph import CompiledForward, compile_cache_dir
-from octavo_cpu.decoder_stack import decoder_stack_forward
+from octavo_cpu.decoder_stack import make_decoder_stack
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
@@ -180,11 +181,14 @@ def octavo_communicator(platform, group):
 @hookimpl
 def octavo_graph_runner(platform, model, config):
     if _mine(platform):
-        if config.enforce_eager:
-            forward = decoder_stack_forward(model, load_kernels().ops) or model
-        else:
-            forward = compiled_forward(model, config)
+        forward = model if config.enforce_eager else compiled_forward(model, config)
         return ThreadedForward(forward, StepThreads.from_env())
+
+
+@hookimpl
+def octavo_decoder_stack(platform, layers, norm):
+    if _mine(platform):
+        return make_decoder_stack(layers, norm, load_kernels().ops)
 
 
 def compiled_forward(model, config):
