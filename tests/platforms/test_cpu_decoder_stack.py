@@ -4,6 +4,8 @@ a target model and an EAGLE head; the modules wherever it does not apply."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -84,6 +86,38 @@ def test_the_stack_gives_the_modules_hidden_states_bit_for_bit(models, name, blo
     assert all(equal for _, _, equal in calls), calls
     assert any(tokens > reqs > 1 for tokens, reqs, _ in calls), "no step mixed prefill and decodes"
     assert any(tokens == reqs for tokens, reqs, _ in calls), "no decode-only step"
+
+
+def test_padding_rows_after_the_steps_tokens_come_out_as_the_modules_give_them(models):
+    llm = make_llm(models["llama-gqa"])
+    target = llm.engine.core.runner.model.model
+    stack = target.decoder_stack
+    agreed = []
+
+    def padded(hidden, cos_sin, metadata):
+        def pad(t):  # two rows after the step's tokens
+            return torch.cat([t, t[:2]])
+
+        args = (
+            pad(hidden),
+            tuple(pad(t) for t in cos_sin),
+            dataclasses.replace(metadata, num_actual_tokens=hidden.shape[0]),
+        )
+        target.decoder_stack = None
+        try:
+            expected = target.run_layers(hidden, cos_sin, metadata)
+            with_padding = target.run_layers(*args)
+        finally:
+            target.decoder_stack = padded
+        got = stack(*args)
+        agreed.append(
+            torch.equal(got, with_padding) and torch.equal(got[: hidden.shape[0]], expected)
+        )
+        return expected
+
+    target.decoder_stack = padded
+    generate(llm)
+    assert agreed and all(agreed)
 
 
 def test_an_eagle_heads_layer_runs_as_a_stack_bit_for_bit(models, tmp_path):

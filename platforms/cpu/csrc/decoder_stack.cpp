@@ -89,6 +89,7 @@ at::Tensor attention_block(const Kernels& k, const at::Tensor& x, const at::Tens
   k.rotary.call(q, key, s.cos, s.sin, D);
   at::Tensor q3 = q.view({T, s.num_heads, D});
   at::Tensor out = at::empty_like(q3);
+  if (s.num_tokens < T) out.narrow(0, s.num_tokens, T - s.num_tokens).zero_();  // padding rows
   k.paged_attention.call(out, q3, key.view({T, s.num_kv_heads, D}),
                          value.view({T, s.num_kv_heads, D}), kv_cache, s.slot_mapping,
                          s.block_table, s.query_start_loc, s.seq_lens, s.scale, s.sliding_window,
