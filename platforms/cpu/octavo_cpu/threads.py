@@ -3,19 +3,18 @@
 A step's compiled kernels (GEMMs, attention, norms; a few dozen per step) share their work
 between the calling thread and helpers of their own pool (csrc/work_sharing.h), which spin for
 200 us after a kernel and then sleep; the caller never waits for a helper that has not joined.
-torch's own ops run on OpenMP threads that sleep between regions (OMP_WAIT_POLICY=PASSIVE). A
-small step does too little work for a second thread to earn back what it costs: the server's
-event loop, which detokenises and streams every token, and a benchmark client want that core.
-So steps of fewer than ``serial_tokens`` tokens run on one thread and leave the other core to
-the rest of the process; larger steps (prefill, large decode batches) run on all of them.
-Measured on 2 cores with the pool (BENCHMARKS.md, issue 16 thirteenth part): a batch-1 decode
-of the tiny model offline took 1.6-2.4 ms a token on two threads against 2.2-3.1 on one, but
-serving one stream made the same (285-338 against 296-342 output tok/s) at 1.5x the server's
-CPU, and batch-1 speculative decoding (steps of 5 tokens) came out mixed (P-EAGLE 414 against
-380 tok/s, Gumiho 353 against 411; one run each); the cut stays at 8. With OpenMP's regions
-instead (before the pool), one thread made 145-158 output tok/s at concurrency 1 against
-112-125 on two.
-``OCTAVO_CPU_SERIAL_TOKENS`` sets the cut (0: always every thread).
+torch's own ops run on OpenMP threads that sleep between regions (OMP_WAIT_POLICY=PASSIVE).
+Steps of fewer than ``serial_tokens`` tokens run on one thread and leave the other cores to the
+rest of the process (the server's event loop, which detokenises and streams every token, a
+benchmark client); larger steps run on all of them. The default runs every step on all threads
+(``serial_tokens`` 0): measured on 2 cores (Zen 1, BENCHMARKS.md, issue 16 eighteenth part) once
+the decoder stack had taken the interpreter out of a small step, two threads made batch-1
+decoding of the demo model 355 against 318 tok/s offline, speculative batch-1 steps of 5 tokens
+x1.2-1.3 faster (P-EAGLE 321 against 252 tok/s), and serving one stream of the tiny model 245-260
+against 230-238 output tok/s (ITL p50 3.4-3.6 against 3.8-3.9 ms) with concurrency 8 within noise
+(1,152-1,160 against 1,171-1,227). Before the stack (thirteenth part) one thread served one
+stream as fast at less CPU, and the cut was 8 tokens.
+``OCTAVO_CPU_SERIAL_TOKENS=N`` sets the cut (0: always every thread).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 
 SERIAL_TOKENS_ENV = "OCTAVO_CPU_SERIAL_TOKENS"
-DEFAULT_SERIAL_TOKENS = 8
+DEFAULT_SERIAL_TOKENS = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +56,10 @@ class StepThreads:
 
     def describe(self) -> str:
         if self.max_threads == 1 or self.serial_tokens == 0:
-            return f"{self.max_threads} compute thread(s) for every step"
+            return (
+                f"{self.max_threads} compute thread(s) for every step "
+                f"({SERIAL_TOKENS_ENV}=N: one for steps under N tokens)"
+            )
         return (
             f"{self.max_threads} compute threads, 1 for steps under {self.serial_tokens} tokens "
             f"({SERIAL_TOKENS_ENV})"
