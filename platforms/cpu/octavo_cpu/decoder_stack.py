@@ -44,7 +44,7 @@ class DecoderStack:
             spec.head_dim,
             layers[0].mlp.gate_up_proj.shard_sizes[0],
             spec.scale,
-            layers[0].self_attn.attn.backend._window,
+            -1 if spec.sliding_window is None else spec.sliding_window,
             norm.eps,
         )
 
@@ -89,6 +89,9 @@ def _unfit(layers: Any, norm: Any, ops: Any) -> Optional[str]:
         if why is not None:
             return why
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
+    shapes = {(layer.self_attn.attn.spec, layer.mlp.gate_up_proj.shard_sizes) for layer in layers}
+    if len(shapes) != 1:
+        return "the layers differ in shape or attention window"
     if any(n.weight.dtype != torch.float32 for n in norms):
         return "the stack computes in float32"
     if len({n.eps for n in norms}) != 1:
