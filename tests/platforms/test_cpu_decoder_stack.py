@@ -41,8 +41,8 @@ def make_llm(folder, **engine_args) -> LLM:
     )
 
 
-def generate(llm: LLM, params=GREEDY) -> list[list[int]]:
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+def generate(llm: LLM) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -56,17 +56,22 @@ def models(tmp_path_factory):
     return {name: write_tiny_model(root / name, spec) for name, spec in SPECS.items()}
 
 
+def run_modules(module, *args) -> torch.Tensor:
+    """``module``'s layers and norm as modules, its stack (whatever it is now) set aside."""
+    stack, module.decoder_stack = module.decoder_stack, None
+    try:
+        return module.run_layers(*args)
+    finally:
+        module.decoder_stack = stack
+
+
 def check_every_call(module, calls: list) -> None:
     """Run the modules, then the stack, at every call of ``module``'s stack; record whether
     they agreed (the modules write the step's KV first, the stack writes it again)."""
     stack = module.decoder_stack
 
     def both(hidden, cos_sin, metadata):
-        module.decoder_stack = None
-        try:
-            expected = module.run_layers(hidden, cos_sin, metadata)
-        finally:
-            module.decoder_stack = both
+        expected = run_modules(module, hidden, cos_sin, metadata)
         got = stack(hidden, cos_sin, metadata)
         calls.append((hidden.shape[0], metadata.num_reqs, torch.equal(got, expected)))
         return expected
@@ -103,12 +108,8 @@ def test_padding_rows_after_the_steps_tokens_come_out_as_the_modules_give_them(m
             tuple(pad(t) for t in cos_sin),
             dataclasses.replace(metadata, num_actual_tokens=hidden.shape[0]),
         )
-        target.decoder_stack = None
-        try:
-            expected = target.run_layers(hidden, cos_sin, metadata)
-            with_padding = target.run_layers(*args)
-        finally:
-            target.decoder_stack = padded
+        expected = run_modules(target, hidden, cos_sin, metadata)
+        with_padding = run_modules(target, *args)
         got = stack(*args)
         agreed.append(
             torch.equal(got, with_padding) and torch.equal(got[: hidden.shape[0]], expected)
