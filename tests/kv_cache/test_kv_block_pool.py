@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from octavo.kv_cache.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from octavo.kv_cache.hashing import BlockHash
@@ -66,3 +68,57 @@ def test_pool_touch_and_refcounts():
     assert pool.num_free_blocks == 1
     pool.free_blocks([a])
     assert pool.num_free_blocks == 2 and a.block_hash == b"h"
+
+
+# A pool makes its blocks when the free queue first hands them out; one whose blocks are all made
+# at once (``pool.blocks``) is the linked list of every block, the oracle.
+POOL_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["allocate", "free", "publish", "touch", "reset"]), st.integers(0, 99)
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=POOL_OPS, num_blocks=st.integers(1, 12))
+def test_pool_with_blocks_made_on_first_use_behaves_as_one_made_at_once(ops, num_blocks):
+    lazy, eager = BlockPool(num_blocks), BlockPool(num_blocks)
+    eager.blocks  # every block made and linked now
+    held: list[int] = []  # ids referenced once, in allocation order
+    for op, n in ops:
+        if op == "allocate":
+            count = n % (lazy.num_free_blocks + 1)
+            got = [pool.allocate(count) for pool in (lazy, eager)]
+            assert [b.block_id for b in got[0]] == [b.block_id for b in got[1]]
+            held += [b.block_id for b in got[0]]
+        elif op in ("free", "publish") and held:
+            block_id = held[n % len(held)]
+            for pool in (lazy, eager):
+                block = pool._blocks[block_id]  # made in id order
+                if op == "free":
+                    pool.free_blocks([block])
+                else:
+                    pool.publish(block, BlockHash(bytes([block_id, n])))
+            if op == "free":
+                held.remove(block_id)
+        elif op == "touch" and lazy.cached_blocks:
+            key = sorted(lazy.cached_blocks)[n % len(lazy.cached_blocks)]
+            for pool in (lazy, eager):
+                pool.touch([pool.cached_blocks[key]])
+            held.append(lazy.cached_blocks[key].block_id)
+        elif op == "reset":
+            assert lazy.reset_prefix_cache() == eager.reset_prefix_cache()
+        assert lazy.num_free_blocks == eager.num_free_blocks
+        assert lazy.num_evictions == eager.num_evictions
+    assert ids(lazy.free_queue) == ids(eager.free_queue)
+    assert [b.ref_cnt for b in lazy.blocks] == [b.ref_cnt for b in eager.blocks]
+    assert [b.block_id for b in lazy.blocks] == list(range(num_blocks))
+
+
+def test_pool_makes_no_block_before_it_is_used():
+    pool = BlockPool(65536)
+    assert pool.num_free_blocks == 65536 and pool._blocks == []
+    first = pool.allocate(2)
+    pool.free_blocks(first)  # uncached: reused before the blocks never used
+    assert [b.block_id for b in pool.allocate(3)] == [1, 0, 2] and len(pool._blocks) == 3

@@ -76,7 +76,7 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks referenced by requests."""
-        return 1.0 - self.block_pool.free_queue.num_free_blocks / len(self.block_pool.blocks)
+        return 1.0 - self.block_pool.free_queue.num_free_blocks / self.block_pool.num_blocks
 
     def get_block_ids(self, request_id: str, start: int = 0) -> list[int]:
         """The request's block table from logical block ``start`` on (empty when it holds no
