@@ -43,6 +43,23 @@ def test_builtin_and_example_platforms_are_found_through_entry_points():
     assert records["cpu"].dist_name == "octavo-cpu"
 
 
+def test_a_platform_that_fails_to_import_is_reported_and_the_others_load(tmp_path, monkeypatch):
+    """An installed platform package whose module raises on import (a broken vendor package)
+    stands in as unavailable, with the error as its reason; every other plugin still loads."""
+    (tmp_path / "broken_npu_plugin.py").write_text("raise ImportError('libnpu.so not found')\n")
+    dist_info = tmp_path / "broken_npu-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-npu\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text("[octavo.platforms]\nbroken = broken_npu_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pm = create_plugin_manager()
+    found = {d.info.name: d.info for d in detect_platforms(pm)}
+    assert {"cpu", "cuda", "rocm", "tpu", "example", "broken"} <= set(found)
+    assert not found["broken"].available
+    assert "libnpu.so not found" in found["broken"].reason
+    assert Platform.select().name == "cpu"
+
+
 def test_cpu_is_chosen_by_default_on_a_machine_without_accelerators():
     platform = Platform.select()
     assert platform.name == "cpu"

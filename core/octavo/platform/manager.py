@@ -59,7 +59,15 @@ def load_entry_points_of(pm: pluggy.PluginManager, group: str) -> None:
     is replaced by a stand-in that reports the platform unavailable with the import error as its
     reason: octavo still starts on another platform, and ``--device NAME`` or ``octavo env`` says
     what went wrong. Any other plugin that fails to import is logged and skipped.
+
+    The group is first loaded whole (pluggy scans every installed distribution once per call);
+    only when a plugin fails is it loaded again one entry point at a time.
     """
+    try:
+        pm.load_setuptools_entrypoints(group)
+        return
+    except Exception:  # noqa: BLE001 - some plugin failed: find which, one at a time below
+        pass
     for entry_point in importlib.metadata.entry_points(group=group):
         if pm.get_plugin(entry_point.name) is not None or pm.is_blocked(entry_point.name):
             continue
