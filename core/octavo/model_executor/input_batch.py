@@ -88,6 +88,10 @@ class InputBatch:
         self.adjusts_logits = np.zeros(max_num_reqs, dtype=bool)  # penalties, bias, min_tokens
         self.constrained = np.zeros(max_num_reqs, dtype=bool)  # structured output
         self.generators: dict[int, torch.Generator] = {}
+        # Bumped whenever a row's sampling parameters may change (a request added, removed or
+        # moved): the last sampling_metadata is reused while it and the rows asked for stand.
+        self._sampling_version = 0
+        self._last_metadata: Optional[tuple[int, bytes, SamplingMetadata]] = None
         self._per_row = (
             self.num_tokens,
             self.num_prompt_tokens,
@@ -142,6 +146,7 @@ class InputBatch:
         self.num_computed_tokens[row] = state.num_computed_tokens
         self.set_block_ids(row, state.block_ids)
         params = state.sampling_params
+        self._sampling_version += 1
         self.temperature[row] = params.temperature
         self.top_k[row] = params.top_k
         self.top_p[row] = params.top_p
@@ -157,6 +162,7 @@ class InputBatch:
         """Free the request's row (leaving a hole until ``condense``); unknown ids are ignored."""
         row = self.req_id_to_index.pop(req_id, None)
         if row is not None:
+            self._sampling_version += 1
             self.req_ids[row] = None
             self.generators.pop(row, None)
 
@@ -175,6 +181,7 @@ class InputBatch:
         assert len(self.req_ids) == self.num_reqs
 
     def _move_row(self, src: int, dst: int) -> None:
+        self._sampling_version += 1
         req_id = self.req_ids[src]
         self.req_ids[dst], self.req_id_to_index[req_id] = req_id, dst
         n, b = self.num_tokens[src], self.num_blocks[src]
@@ -233,7 +240,21 @@ class InputBatch:
     # --- sampling --------------------------------------------------------------------------------
 
     def sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
-        """Sampling tensors for the batch rows ``rows`` (in that order), on the device."""
+        """Sampling tensors for the batch rows ``rows`` (in that order), on the device.
+
+        The tensors are views of (or copies from) staging buffers that the next call with other
+        rows overwrites; a call with the same rows and no request added, removed or moved since
+        returns the same metadata (a decode step's ~0.1 ms at batch 1). Callers must not
+        modify it."""
+        key = rows.tobytes()
+        last = self._last_metadata
+        if last is not None and last[0] == self._sampling_version and last[1] == key:
+            return last[2]
+        metadata = self._stage_sampling_metadata(rows)
+        self._last_metadata = (self._sampling_version, key, metadata)
+        return metadata
+
+    def _stage_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
         count = len(rows)
         # Usually every row samples: then rows are 0..count-1 and slices replace gathers.
         select = slice(0, count) if rows[-1] == count - 1 else rows
