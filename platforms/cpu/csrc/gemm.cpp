@@ -226,7 +226,13 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
   const int64_t chunks = (M + kChunkRows - 1) / kChunkRows;
   const int64_t chunk_rows = ((M + chunks - 1) / chunks + kRowTile - 1) / kRowTile * kRowTile;
   const int64_t groups = (P + kGroupPanels - 1) / kGroupPanels;
-  const int64_t num_items = ((M + chunk_rows - 1) / chunk_rows) * groups;
+  const int64_t row_chunks = (M + chunk_rows - 1) / chunk_rows;
+  const int64_t num_items = row_chunks * groups;
+  // Items in turn stream the larger operand once: a weight larger than the rows (an LM head
+  // over a decode batch) a panel group at a time, every row chunk against it before the next
+  // (chunk after chunk, each chunk would read the whole weight from memory again); otherwise
+  // the rows a chunk at a time, against every panel group.
+  const bool weight_major = P * kPanel > M;
   // The rows of each whole row tile, packed once as [K][kRowTile], so that a tile's broadcasts
   // read one stream instead of kRowTile rows.
   const int64_t tiles = M / kRowTile;
@@ -249,8 +255,10 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
   std::atomic<int64_t> next{0};
   OCTAVO_CPU_NAMESPACE::parallel_workers(num_items, [&] {
     for (int64_t item = next++; item < num_items; item = next++) {
-      const int64_t m0 = item / groups * chunk_rows, m1 = std::min(M, m0 + chunk_rows);
-      const int64_t p0 = item % groups * kGroupPanels, np = std::min(kGroupPanels, P - p0);
+      const int64_t chunk = weight_major ? item % row_chunks : item / groups;
+      const int64_t group = weight_major ? item / row_chunks : item % groups;
+      const int64_t m0 = chunk * chunk_rows, m1 = std::min(M, m0 + chunk_rows);
+      const int64_t p0 = group * kGroupPanels, np = std::min(kGroupPanels, P - p0);
       const int64_t full = m0 + (m1 - m0) / kRowTile * kRowTile;
       for (int64_t p = p0; p < p0 + np; ++p) {  // each panel stays in L1 across the row tiles
         for (int64_t m = m0; m < full; m += kRowTile) {

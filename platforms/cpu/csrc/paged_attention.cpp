@@ -170,10 +170,12 @@ struct Scratch {
 
 // Vector accumulators a kernel below keeps in registers: with the loaded K or V vectors beside
 // them they fit AVX-512's 32 registers (AVX2's 16), and there are enough independent sums that
-// the FMAs never wait on one another's latency. AVX2's 4-row tiles (prefill's, and decodes of 4
-// query heads a KV head) keep 2 vectors a row (8 sums, 2 loads): with 6 sums they had 1 a row,
-// and prefill ran ~20% slower on Zen 1.
-constexpr int kAccumulators = at::vec::Vectorized<float>::size() >= 16 ? 12 : 6;
+// the FMAs never wait on one another's latency. AVX2 keeps 8 sums (with the loads, 13 of its 16
+// registers): 4-row tiles (prefill's, and decodes of 4 query heads a KV head) 2 vectors a row
+// (with 1 a row prefill ran ~20% slower on Zen 1), 2-row ones (decodes of 2 query heads a KV
+// head) 4: a head_dim of 32 in one pass over the values, where 3 a row took a second pass for
+// the last vector (decode attention ~10% faster on Zen 1).
+constexpr int kAccumulators = at::vec::Vectorized<float>::size() >= 16 ? 12 : 8;
 constexpr int kMinVectorsPerRow = at::vec::Vectorized<float>::size() >= 16 ? 1 : 2;
 
 constexpr int clamp_width(int width, int most) {
