@@ -1,6 +1,7 @@
 """The compiled kernels' work sharing (csrc/work_sharing.h): which thread computes an item never
-changes a result, two callers at once each get their own answers, and a forked child (whose
-parent's helper threads do not exist) runs the kernels instead of waiting for them."""
+changes a result, two callers at once each get their own answers, a forked child (whose
+parent's helper threads do not exist) runs the kernels instead of waiting for them, and helpers
+that yield their core between jobs (beside oneDNN's GEMMs) compute the same."""
 
 from __future__ import annotations
 
@@ -71,6 +72,35 @@ def test_two_callers_at_once_each_get_their_own_result(two_threads):
         thread.join(timeout=120)
     assert not any(thread.is_alive() for thread in callers), "a caller hung"
     assert mismatches == []
+
+
+@pytest.fixture
+def yielding_helpers():
+    previous = OPS.set_work_pool_yield(True)
+    yield
+    OPS.set_work_pool_yield(previous)
+
+
+def test_helpers_that_yield_between_jobs_give_the_same_bits(two_threads, yielding_helpers):
+    x, packed = _problem(4)
+    expected = _on_one_thread(lambda: _linear(x, packed))
+    for _ in range(20):
+        assert torch.equal(_linear(x, packed), expected)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+def test_packing_a_onednn_weight_makes_the_helpers_yield():
+    from octavo_cpu import gemm
+
+    previous = OPS.set_work_pool_yield(False)
+    try:
+        weight = torch.randn(64, 32)
+        product = gemm.pack_onednn(weight)
+        assert OPS.set_work_pool_yield(False) is True  # what pack_onednn left
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(product(x), x @ weight.T)
+    finally:
+        OPS.set_work_pool_yield(previous)
 
 
 def _child(queue, x, packed) -> None:

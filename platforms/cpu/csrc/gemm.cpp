@@ -275,9 +275,18 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
   });
 }
 
+// The kernels' work pool yields between jobs (see WorkPool::set_yield_between_jobs): on from the
+// first GEMM that runs on another pool (oneDNN's, on OpenMP's threads); returns the previous
+// setting.
+bool set_work_pool_yield(bool on) {
+  return OCTAVO_CPU_NAMESPACE::work_pool().set_yield_between_jobs(on);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
+  m.def("set_work_pool_yield(bool on) -> bool");
+  m.impl("set_work_pool_yield", &set_work_pool_yield);
   m.def("pack_linear_weight(Tensor weight) -> Tensor");
   m.def("linear(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
   m.impl("pack_linear_weight", c10::DispatchKey::CPU, &pack_linear_weight);
