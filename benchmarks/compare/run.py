@@ -414,6 +414,23 @@ def machine_info() -> dict:
     }
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) ticks of every CPU so far, from /proc/stat: steal is the time a VM's
+    hypervisor gave its CPUs to other guests. (0, 0) without /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
+    except (OSError, IndexError):
+        return 0, 0
+    ticks = [int(f) for f in fields]
+    return (ticks[7] if len(ticks) == 8 else 0), sum(ticks)
+
+
+def steal_pct(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The share of CPU time stolen between two cpu_ticks() readings, in percent."""
+    total = after[1] - before[1]
+    return None if total <= 0 else round(100 * (after[0] - before[0]) / total, 1)
+
+
 def versions(vllm_python, llama_cpp) -> dict:
     found = {name: metadata.version(name) for name in ("octavo", "torch", "transformers")}
     found["python"] = platform.python_version()
@@ -500,7 +517,9 @@ def offline_run(
     else:
         (work / "result.json").unlink(missing_ok=True)
         (work / "spec.json").write_text(spec_text)
+        before = cpu_ticks()
         status = run_logged(command, engine_env(engine, args), work / "log.txt", args.timeout)
+        row["host_steal_pct"] = steal_pct(before, cpu_ticks())
     if status:
         print(
             f"    FAILED: {status}; last lines of {work / 'log.txt'}:\n{tail(work / 'log.txt')}",
@@ -511,7 +530,7 @@ def offline_run(
     print(
         f"    {result['output_tokens'] / result['seconds']:,.0f} output tok/s "
         f"({result['seconds']:.1f} s timed, "
-        f"{result['process_seconds']:.0f} s in all)",
+        f"{result['process_seconds']:.0f} s in all; host CPU steal {row.get('host_steal_pct')}%)",
         flush=True,
     )
     return {**row, **result, "output_throughput": result["output_tokens"] / result["seconds"]}
@@ -820,7 +839,9 @@ def serve_engine(engine: str, size: str, model: Path, dtype: str, vocab: int, ar
     )
     bench = bench_serve_command(engine, url, process.pid, vocab, args, work / "serve.json")
     row["bench_command"] = shlex.join(bench)
+    before = cpu_ticks()
     status = run_logged(bench, dict(os.environ), work / "bench.log", args.timeout)
+    row["host_steal_pct"] = steal_pct(before, cpu_ticks())
     died = process.poll() is not None
     stop_server_tree(process)
     if died:
@@ -990,9 +1011,33 @@ def markdown(results: dict) -> str:
         for e, r in rows.items()
         if "error" in r
     ]
+    steal = steal_lines(results)
+    if steal:
+        parts.append(["### Host CPU steal", "", *steal])
     if failures:
         parts.append(["### Failures", "", *failures])
     return "\n\n".join("\n".join(p) for p in parts) + "\n"
+
+
+def steal_lines(results: dict) -> list[str]:
+    """Each run's share of CPU time the hypervisor gave other guests (a VM's steal): figures of
+    runs with much of it are lower than the machine's."""
+    runs = [
+        (f"{w['model']} offline {e}", r) for w in results["offline"] for e, r in w["rows"].items()
+    ]
+    runs += [
+        (f"{w['model']} prefix {c} {e}", r)
+        for w in results["prefix"]
+        for c, rows in w["rows"].items()
+        for e, r in rows.items()
+    ]
+    runs += [(f"{w['model']} serve {e}", r) for w in results["serve"] for e, r in w["rows"].items()]
+    shown = [
+        f"{name} {r['host_steal_pct']}%" for name, r in runs if r.get("host_steal_pct") is not None
+    ]
+    if not shown:
+        return []
+    return ["Share of CPU time taken by the hypervisor during each run: " + "; ".join(shown) + "."]
 
 
 def settings(args) -> dict:
