@@ -297,3 +297,26 @@ def test_argmax_rows_is_torch_argmax(isa, dtype):
         out = torch.full((logits.shape[0],), -1, dtype=torch.long)
         ops.argmax_rows(out, logits)
         assert out.tolist() == logits.argmax(dim=-1).tolist(), (dtype, logits.shape)
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_bfloat16_sums_round_as_torch_rounds(isa):
+    """The element-wise kernels round bfloat16 in float's bits (csrc/widen.h): the residual sum
+    of fused_add_rms_norm is torch's bfloat16 add, bit for bit, over every bfloat16 value
+    (ties, infinities, subnormals; NaN stays NaN), in vector lanes and in a row's tail."""
+    if isa not in kernels.supported_isas(kernels.cpu_flags()) or not built(isa):
+        pytest.skip(f"no {isa} library runs here")
+    ops = kernels._load(isa).ops
+    n = 40  # whole vectors and a tail on either ISA
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    rows = -(-every.numel() // n)
+    x = torch.cat([every, every[: rows * n - every.numel()]]).view(rows, n)
+    generator = torch.Generator().manual_seed(0)
+    residual = (torch.randn(rows, n, generator=generator) * 4).to(torch.bfloat16)
+    residual[::3] = x[::3].flip(1)  # sums of two bfloat16 values that tie half-way
+    out, summed = torch.empty_like(x), torch.empty_like(x)
+    ops.fused_add_rms_norm(out, summed, x, residual, torch.ones(n, dtype=torch.bfloat16), 1e-6)
+    expected = (x.float() + residual.float()).to(torch.bfloat16)
+    nan = expected.isnan()
+    assert torch.equal(summed.isnan(), nan)
+    assert torch.equal(summed[~nan].view(torch.int16), expected[~nan].view(torch.int16))
