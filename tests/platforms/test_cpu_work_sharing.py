@@ -103,6 +103,18 @@ def test_packing_a_onednn_weight_makes_the_helpers_yield():
         OPS.set_work_pool_yield(previous)
 
 
+def test_the_torch_gemm_choice_makes_the_helpers_yield(monkeypatch):
+    from octavo_cpu import gemm
+
+    monkeypatch.setenv(gemm.GEMM_ENV, "torch")  # F.linear: OpenMP's threads, as oneDNN's
+    previous = OPS.set_work_pool_yield(False)
+    try:
+        assert gemm.linear_packer(torch.float32) is None
+        assert OPS.set_work_pool_yield(False) is True
+    finally:
+        OPS.set_work_pool_yield(previous)
+
+
 def _child(queue, x, packed) -> None:
     # Only the compiled kernel here: torch's own OpenMP ops hang in a child forked after the
     # parent ran them (libgomp), and a tensor through the queue does too; numpy goes through.

@@ -14,7 +14,9 @@
 // waking a sleeping thread costs about as much as a small kernel), then sleep until the next
 // job. Where another thread pool computes between the jobs (oneDNN's GEMMs run on OpenMP's
 // threads), a helper spinning on its core keeps that pool's thread off it: there the helpers
-// yield their core at each turn of the spin instead (set_yield_between_jobs). A helper joins by first counting itself active and then taking a slot: the caller closes
+// yield their core at each turn of the spin instead (set_yield_between_jobs).
+//
+// A helper joins by first counting itself active and then taking a slot: the caller closes
 // the job by taking the slots left and waits for the active count to drop, so a helper either
 // holds a slot of a job whose caller waits for it, or touches nothing of it.
 //
@@ -84,7 +86,7 @@ class WorkPool {
   // Whether waiting helpers yield their core at each turn of the spin (sched_yield: another
   // runnable thread gets it at once) rather than pause on it; returns the previous setting. Off
   // by default: a yield takes a system call each turn, and where every kernel runs on this pool
-  // (the tiny fp32 model at batch 1) helpers that yield took ~15% longer to join a job.
+  // (the tiny fp32 model at batch 1) a token took ~15% longer with helpers that yield.
   bool set_yield_between_jobs(bool on) { return yield_between_jobs_.exchange(on); }
 
  private:

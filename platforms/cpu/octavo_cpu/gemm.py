@@ -47,6 +47,7 @@ def linear_packer(
     this CPU multiplies in float32 (see ``slow_matmul_dtypes``)."""
     raw = gemm_choice()
     if raw == "torch":
+        share_cores_with_openmp()  # F.linear runs on OpenMP's threads too
         return None
     compiled = compiled_packer(dtype, widened)
     if raw == "compiled":
@@ -134,11 +135,11 @@ def pack_onednn(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def share_cores_with_openmp() -> None:
-    """oneDNN multiplies on OpenMP's threads, the compiled kernels on a work pool of their own,
-    whose helpers spin between jobs: a helper spinning on a core kept the GEMM's OpenMP thread off
-    it (an RMSNorm then a 128-row bfloat16 GEMM on the AMX host: ~150 us more than the two
-    apart). Once oneDNN's GEMMs run in this process, the pool's helpers yield their core while
-    they wait (~50 us)."""
+    """oneDNN (and ``F.linear``) multiply on OpenMP's threads, the compiled kernels on a work pool
+    of their own, whose helpers spin between jobs: a helper spinning on a core kept the GEMM's
+    OpenMP thread off it (an RMSNorm then a 128-row bfloat16 GEMM on the AMX host: 150-300 us
+    more than the two apart). Once such GEMMs run in this process, the pool's helpers yield
+    their core while they wait (30-80 us)."""
     ops = load_kernels().ops
     if ops is not None:
         ops.set_work_pool_yield(True)
