@@ -70,7 +70,9 @@ def test_bench_serve_sweeps_concurrency_and_reports_figures(server, bench_model,
         assert (
             0 < run["ttft_p50_ms"] <= run["ttft_p95_ms"] <= run["ttft_p99_ms"] < run["e2el_p99_ms"]
         )
-        assert run["itl_p50_ms"] > 0 and run["tpot_p50_ms"] > 0
+        # Tokens that reach the client in one read share a timestamp: on a fast host most of a
+        # 6-token stream's gaps can be 0, so the median gap is only >= 0; TPOT spans the stream.
+        assert run["itl_p50_ms"] >= 0 and run["tpot_p50_ms"] > 0
         assert run["request_throughput"] > 0 and run["output_throughput"] == pytest.approx(
             48 / run["duration_s"]
         )
