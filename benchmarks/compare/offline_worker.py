@@ -3,14 +3,17 @@
     python offline_worker.py SPEC.json RESULT.json
 
 SPEC holds ``engine`` (vllm, octavo or transformers), ``model``, ``dtype``, ``prompts`` (token-id
-lists), ``output_len`` and the engine settings; RESULT gets the timed seconds, the output token
-count and every request's greedy output token ids. vLLM runs here under its own virtual
+lists), ``output_len``, the engine settings and optionally ``more_prompts`` (the prompt sets of
+further timed passes); RESULT gets the timed seconds (the passes' median, each pass's in
+``pass_seconds``), the output token count and every request's greedy output token ids (the first
+pass's). vLLM runs here under its own virtual
 environment's Python, which has no octavo: nothing of octavo is imported for it.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -91,10 +94,22 @@ def run_transformers(spec: dict) -> dict:
 
 def timed(generate, spec: dict) -> dict:
     """One short warm-up generation, then the timed one over every prompt (``generate`` times
-    itself)."""
+    itself), and one more over each further prompt set (``more_prompts``, as many prompts of the
+    same lengths): ``seconds`` is the passes' median, the tokens are the first pass's."""
     generate([WARMUP_PROMPT], WARMUP_TOKENS)
     tokens, seconds = generate(spec["prompts"], spec["output_len"])
-    return {"seconds": seconds, "output_tokens": sum(len(t) for t in tokens), "tokens": tokens}
+    passes = [seconds]
+    for prompts in spec.get("more_prompts", []):
+        more_tokens, more_seconds = generate(prompts, spec["output_len"])
+        if sum(map(len, more_tokens)) != sum(map(len, tokens)):
+            raise RuntimeError("a further pass made another number of output tokens")
+        passes.append(more_seconds)
+    return {
+        "seconds": statistics.median(passes),
+        "pass_seconds": passes,
+        "output_tokens": sum(len(t) for t in tokens),
+        "tokens": tokens,
+    }
 
 
 RUNNERS = {"vllm": run_vllm, "octavo": run_octavo, "transformers": run_transformers}

@@ -63,6 +63,7 @@ SERVE_ENGINES = ("vllm", "octavo", "llamacpp")
 OFFLINE_ENGINES = ("vllm", "octavo", "transformers")
 INPUT_LEN = (64, 512)
 PREFIX_LEN, PREFIX_OWN_LEN = 256, (64, 256)
+PASS_SEED_STRIDE = 100_000  # --repeats: pass i draws its prompts with --seed + i * this
 MAX_MODEL_LEN, MAX_NUM_SEQS = 2048, 256
 READY_PATH = {"octavo": "/health/ready", "vllm": "/health", "llamacpp": "/health"}
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -188,6 +189,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="start each server twice and time both, benchmarking the second: the first start "
         "after another engine's run reads its libraries back from disk",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed passes in each vLLM and octavo offline run (one process, after its warm-up), "
+        "each on prompts of its own drawn like the first (their prefix too); the figure is their "
+        "median and the first pass's outputs are the ones compared: on a shared host a pass may "
+        "be slowed by other tenants without any CPU time being stolen",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("out/compare"))
     parser.add_argument(
@@ -196,6 +206,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="offline runs whose spec matches an earlier run's in --out reuse its result (resume)",
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
     args.engines = [e for e in args.engines.split(",") if e]
     if unknown := set(args.engines) - set(ENGINES):
         parser.error(f"--engines: unknown {sorted(unknown)}; choose from {ENGINES}")
@@ -484,9 +496,17 @@ def engine_env(engine: str, args) -> dict:
 
 
 def offline_run(
-    engine: str, name: str, model: Path, dtype: str, prompts: list, prefix_caching: bool, args
+    engine: str,
+    name: str,
+    model: Path,
+    dtype: str,
+    prompts: list,
+    prefix_caching: bool,
+    args,
+    more_prompts: list = (),
 ) -> dict:
-    """Run offline_worker.py for one engine in its own process; its figures, or an ``error``."""
+    """Run offline_worker.py for one engine in its own process; its figures, or an ``error``.
+    ``more_prompts``: the prompt sets of the further timed passes (vLLM and octavo only)."""
     spec = {
         "engine": engine,
         "model": str(model),
@@ -500,7 +520,8 @@ def offline_run(
     }
     work = args.out / "runs" / name
     work.mkdir(parents=True, exist_ok=True)
-    spec_text = json.dumps({**spec, "prompts": prompts})
+    more = list(more_prompts) if engine in ("vllm", "octavo") else []
+    spec_text = json.dumps({**spec, "prompts": prompts, "more_prompts": more})
     python = args.vllm_python if engine == "vllm" else sys.executable
     command = [
         str(python),
@@ -527,9 +548,16 @@ def offline_run(
         )
         return {**row, "error": status}
     result = json.loads((work / "result.json").read_text())
+    passes = result.get("pass_seconds", [result["seconds"]])
     print(
         f"    {result['output_tokens'] / result['seconds']:,.0f} output tok/s "
-        f"({result['seconds']:.1f} s timed, "
+        f"({result['seconds']:.1f} s timed"
+        + (
+            f", the median of {len(passes)} passes: {', '.join(f'{p:.1f}' for p in passes)} s"
+            if len(passes) > 1
+            else ""
+        )
+        + ", "
         f"{result['process_seconds']:.0f} s in all; host CPU steal {row.get('host_steal_pct')}%)",
         flush=True,
     )
@@ -558,12 +586,23 @@ def identical(rows: dict, a: str, b: str) -> dict | None:
     return {"pair": f"{a} = {b}", "identical": sum(x == y for x, y in pairs), "of": len(pairs)}
 
 
+def further_passes(make_requests, args) -> list[list[list[int]]]:
+    """The prompts of timed passes 2 .. --repeats: ``make_requests(seed)`` with seeds far from
+    --seed (a later run's --seed + 1 draws other prompts than this run's second pass)."""
+    return [
+        [list(r.prompt_token_ids) for r in make_requests(args.seed + PASS_SEED_STRIDE * i)]
+        for i in range(1, args.repeats)
+    ]
+
+
 def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: int) -> dict:
     """Random token-id prompts, lengths uniform in INPUT_LEN, fixed output length: every engine."""
-    requests = random_requests(
-        args.num_prompts, INPUT_LEN, (args.output_len,) * 2, vocab, args.seed
-    )
-    prompts = [list(r.prompt_token_ids) for r in requests]
+
+    def make_requests(seed: int):
+        return random_requests(args.num_prompts, INPUT_LEN, (args.output_len,) * 2, vocab, seed)
+
+    prompts = [list(r.prompt_token_ids) for r in make_requests(args.seed)]
+    more = further_passes(make_requests, args)
     rows = {}
     for e in rotate([e for e in args.engines if e in OFFLINE_ENGINES], turn):
         mine = (
@@ -571,7 +610,7 @@ def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn:
             if e == "transformers" and args.hf_num_prompts
             else prompts
         )
-        rows[e] = offline_run(e, f"{size}-offline-{e}", model, dtype, mine, True, args)
+        rows[e] = offline_run(e, f"{size}-offline-{e}", model, dtype, mine, True, args, more)
     checks = [
         c
         for c in (identical(rows, "octavo", "vllm"), identical(rows, "octavo", "transformers"))
@@ -589,16 +628,22 @@ def offline_workload(size: str, model: Path, dtype: str, vocab: int, args, turn:
 def prefix_workload(size: str, model: Path, dtype: str, vocab: int, args, turn: int) -> dict:
     """A common PREFIX_LEN-token prefix plus PREFIX_OWN_LEN own tokens: vLLM and octavo, caching off
     then on."""
-    requests = prefix_requests(
-        args.num_prompts, PREFIX_LEN, PREFIX_OWN_LEN, (args.output_len,) * 2, vocab, args.seed
-    )
-    prompts = [list(r.prompt_token_ids) for r in requests]
+
+    def make_requests(seed: int):
+        return prefix_requests(
+            args.num_prompts, PREFIX_LEN, PREFIX_OWN_LEN, (args.output_len,) * 2, vocab, seed
+        )
+
+    prompts = [list(r.prompt_token_ids) for r in make_requests(args.seed)]
+    more = further_passes(make_requests, args)
     engines = [e for e in args.engines if e in ("vllm", "octavo")]
     result = {"model": size, "dtype": dtype, "workload": "prefix", "rows": {}, "identical": []}
     for i, caching in enumerate((False, True)):
         label = "cache" if caching else "nocache"
         rows = {
-            e: offline_run(e, f"{size}-prefix-{label}-{e}", model, dtype, prompts, caching, args)
+            e: offline_run(
+                e, f"{size}-prefix-{label}-{e}", model, dtype, prompts, caching, args, more
+            )
             for e in rotate(engines, turn + i)
         }
         if check := identical(rows, "octavo", "vllm"):
@@ -1057,7 +1102,14 @@ def settings(args) -> dict:
         f"KV cache {args.kv_cache_gib} GiB, "
         "prefix caching on except in the prefix workload's 'no caching' runs, "
         "one short warm-up generation offline, "
-        "other settings and thread placement each engine's default",
+        + (
+            f"each offline figure the median of {args.repeats} timed passes in one process, "
+            f"pass i on prompts of its own (seed + {PASS_SEED_STRIDE:,} i; the first pass's "
+            "outputs are the ones compared), "
+            if args.repeats > 1
+            else ""
+        )
+        + "other settings and thread placement each engine's default",
         "vLLM": f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}; ready = GET /health",
         "octavo": f"--kv-cache-memory {args.kv_cache_gib}GiB; ready = GET /health/ready"
         + (f"; OMP_NUM_THREADS={args.threads}" if args.threads else ""),
