@@ -6,8 +6,8 @@ SPEC holds ``engine`` (vllm, octavo or transformers), ``model``, ``dtype``, ``pr
 lists), ``output_len``, the engine settings and optionally ``more_prompts`` (the prompt sets of
 further timed passes); RESULT gets the timed seconds (the passes' median, each pass's in
 ``pass_seconds``), the output token count and every request's greedy output token ids (the first
-pass's). vLLM runs here under its own virtual
-environment's Python, which has no octavo: nothing of octavo is imported for it.
+pass's). vLLM runs here under its own virtual environment's Python, which has no octavo: nothing
+of octavo is imported for it.
 """
 
 from __future__ import annotations

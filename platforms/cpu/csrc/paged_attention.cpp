@@ -175,7 +175,7 @@ struct Scratch {
 // (with 1 a row prefill ran ~20% slower on Zen 1), 2-row ones (decodes of 2 query heads a KV
 // head) 4: a head_dim of 32 in one pass over the values, where 3 a row took a second pass for
 // the last vector (decode attention ~10% faster on Zen 1). AVX-512 keeps 16 (with the loads at
-// most 21 of its 32): 8-row tiles (prefill's) 2 vectors a row, where 12 gave them 1 and each
+// most 25 of its 32): 8-row tiles (prefill's) 2 vectors a row, where 12 gave them 1 and each
 // K or V vector loaded fed only 8 FMAs beside 8 broadcasts (prefill of the small model's shapes,
 // one thread on the AMX host: ~12% faster, fp32 and bf16).
 constexpr int kAccumulators = at::vec::Vectorized<float>::size() >= 16 ? 16 : 8;
@@ -262,8 +262,8 @@ inline void score_group(const float* q, const T* const* kt, int64_t nb, int64_t 
     }
   }
   // The last vectors in as few calls as can be: a group narrower than C vectors is all last
-  // vectors (with block size 16, 4 a group on AVX-512: a 2-row decode, C = 8, had scored them
-  // one at a time, each K vector loaded for 2 FMAs).
+  // vectors (a group is 64 tokens, 4 vectors on AVX-512, whatever the block size up to 64: a
+  // 2-row decode, C = 8, had scored them one at a time, each K vector loaded for 2 FMAs).
   int c = 0;
   if constexpr (C >= 4) {
     for (; c + 4 <= filled; c += 4) score(std::integral_constant<int, 4>(), k + c, at + c);
