@@ -57,7 +57,9 @@ class DraftModelProposer:
         self.block_size = runner.block_size
         self.device = runner.device
         self.max_model_len = target.max_model_len
-        self.distributions = DraftDistributions(self.model_config.vocab_size, self.k, self.device)
+        self.distributions = DraftDistributions(
+            self.model_config.vocab_size, self.k, self.device, runner.sampler
+        )
         self.draft_probs = self.distributions.draft_probs
         self.forget = self.distributions.forget
 

@@ -13,16 +13,30 @@ import torch
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.step_inputs import ragged_index
 from octavo.ops import reference
-from octavo.platform.types import AttentionMetadata
+from octavo.platform.types import AttentionMetadata, SamplerFn, SamplingMetadata
 from octavo.spec_decode.verifier import target_distribution
 
 
 class DraftDistributions:
-    """Drafts sampled from a drafter's logits, and their distributions until verification."""
+    """Drafts sampled from a drafter's logits, and their distributions until verification.
 
-    def __init__(self, vocab_size: int, k: int, device: torch.device):
+    Greedy drafts are the platform sampler's (``sampler``, the runner's) for all-greedy rows:
+    its argmax, the one decoding takes (the cpu platform's compiled one costs ~8 us on a
+    batch-1 step's few rows of the demo model's logits, torch's ~55)."""
+
+    def __init__(self, vocab_size: int, k: int, device: torch.device, sampler: SamplerFn):
         self.vocab_size, self.k, self.device = vocab_size, k, device
+        self.sampler = sampler
         self._probs: dict[str, torch.Tensor] = {}  # req id -> [k, V] probs of its drafts
+        self._greedy: dict[int, SamplingMetadata] = {}  # row count -> all-greedy metadata
+
+    def argmax(self, logits: torch.Tensor) -> np.ndarray:
+        """Each row's argmax (greedy drafts), on the host."""
+        num_rows = logits.shape[0]
+        metadata = self._greedy.get(num_rows)
+        if metadata is None:
+            metadata = self._greedy[num_rows] = greedy_metadata(num_rows, self.device)
+        return self.sampler(logits, metadata).cpu().numpy()
 
     def new_probs(self, batch: Any, rows: np.ndarray) -> Optional[torch.Tensor]:
         """``[len(rows), K, V]`` zeros to fill, or None when every row is greedy."""
@@ -37,7 +51,7 @@ class DraftDistributions:
         is greedy no sampling tensors are built (an EAGLE-family proposer samples each draft
         depth apart: five builds a batch-1 verify step at K = 4)."""
         if not batch.temperature[rows].any():
-            return logits.argmax(dim=-1).cpu().numpy(), 0.0
+            return self.argmax(logits), 0.0
         metadata = batch.sampling_metadata(rows)
         every_row = torch.arange(logits.shape[0], device=logits.device)
         q = target_distribution(logits, metadata, every_row)
@@ -77,6 +91,17 @@ class DraftDistributions:
             self._probs.pop(req_id, None)
 
 
+def greedy_metadata(num_rows: int, device) -> SamplingMetadata:
+    """Sampling metadata of ``num_rows`` greedy rows."""
+    return SamplingMetadata(
+        temperature=torch.zeros(num_rows, dtype=torch.float32, device=device),
+        top_k=torch.zeros(num_rows, dtype=torch.int32, device=device),
+        top_p=torch.ones(num_rows, dtype=torch.float32, device=device),
+        min_p=torch.zeros(num_rows, dtype=torch.float32, device=device),
+        all_greedy=True,
+    )
+
+
 def decode_metadata(
     batch: Any, rows: np.ndarray, positions: np.ndarray, block_size: int, device
 ) -> AttentionMetadata:
@@ -92,25 +117,34 @@ def chunk_metadata(
     counts: np.ndarray,
     block_size: int,
     device,
+    layout: Optional[tuple[np.ndarray, np.ndarray]] = None,
 ) -> AttentionMetadata:
     """Attention metadata of ``counts[i]`` consecutive tokens from position ``first[i]`` for
-    each row of ``rows``, their KV written to the positions' slots in the row's blocks."""
+    each row of ``rows``, their KV written to the positions' slots in the row's blocks;
+    ``layout`` is ``chunk_layout(first, counts)`` where the caller has it."""
+    row, positions = layout if layout is not None else chunk_layout(first, counts)
     seq_lens = first + counts
-    num_cols = -(-int(seq_lens.max()) // block_size)
-    block_table = batch.block_table[rows, :num_cols]
-    row, offset = ragged_index(counts)
-    positions = first[row] + offset
-    slots = block_table[row, positions // block_size].astype(np.int64)
-    query_start_loc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    max_seq_len = int(seq_lens.max())
+    block_table = batch.block_table[rows, : -(-max_seq_len // block_size)]
+    slots = block_table[row, positions // block_size].astype(np.int64) * block_size
+    query_start_loc = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=query_start_loc[1:])
     return AttentionMetadata(
         query_start_loc=torch.from_numpy(query_start_loc).to(device),
         seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
         block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(device),
-        slot_mapping=torch.from_numpy(slots * block_size + positions % block_size).to(device),
+        slot_mapping=torch.from_numpy(slots + positions % block_size).to(device),
         max_query_len=int(counts.max()),
-        max_seq_len=int(seq_lens.max()),
-        num_actual_tokens=int(counts.sum()),
+        max_seq_len=max_seq_len,
+        num_actual_tokens=len(positions),
     )
+
+
+def chunk_layout(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, position)`` of each token of a chunk of ``counts[i]`` consecutive positions from
+    ``first[i]`` for each row ``i``, flat in row order."""
+    row, offset = ragged_index(counts)
+    return row, first[row] + offset
 
 
 def drafter_config(folder: str, runner: Any) -> ModelConfig:

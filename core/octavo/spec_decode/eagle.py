@@ -37,11 +37,17 @@ import torch
 from octavo.model_executor.step_inputs import ragged_index
 from octavo.models.layers.attention import Attention
 from octavo.spec_decode.config import SpeculativeConfig
-from octavo.spec_decode.drafting import DraftDistributions, chunk_metadata, drafter_config
+from octavo.spec_decode.drafting import (
+    DraftDistributions,
+    chunk_layout,
+    chunk_metadata,
+    drafter_config,
+)
 from octavo.spec_decode.eagle_head import EagleHead, check_eagle_head
 from octavo.spec_decode.head_backlog import HeadBacklog, PendingHeadKV, Piece, Run
 from octavo.spec_decode.proposer import ProposeContext
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 MAX_BACKLOG_BYTES = 64 << 20  # kept hidden states past this are written even while drafts are off
 
 
@@ -74,7 +80,9 @@ class EagleProposer:
         self.k = config.num_speculative_tokens
         self.block_size, self.device = runner.block_size, runner.device
         self.max_model_len = target.max_model_len
-        self.distributions = DraftDistributions(target.vocab_size, self.k, self.device)
+        self.distributions = DraftDistributions(
+            target.vocab_size, self.k, self.device, runner.sampler
+        )
         self.draft_probs = self.distributions.draft_probs
         # The sampling rows' positions with no head KV yet: those of their last step (which
         # are verified, and the token after the last one known, only after sampling), and
@@ -100,9 +108,12 @@ class EagleProposer:
         num_reqs = len(num_scheduled)
         first = batch.num_computed_tokens[:num_reqs].astype(np.int64) - num_scheduled
         starts = np.cumsum(num_scheduled) - num_scheduled
-        sampling = np.zeros(num_reqs, dtype=bool)
-        sampling[step.sample_rows] = True
-        others = np.flatnonzero(~sampling)
+        if len(step.sample_rows) == num_reqs:  # every row samples (distinct rows: all of them)
+            sampling_rows, others = np.arange(num_reqs), _NO_ROWS
+        else:
+            sampling = np.zeros(num_reqs, dtype=bool)
+            sampling[step.sample_rows] = True
+            sampling_rows, others = np.flatnonzero(sampling), np.flatnonzero(~sampling)
         req_ids = batch.req_ids[:num_reqs]
         if len(self._pending):
             new_rows = [r for r, req_id in enumerate(req_ids) if req_id not in self._seen]
@@ -113,7 +124,7 @@ class EagleProposer:
         # a prompt chunk's (its row computed again after preemption) go before the chunk.
         capped = self._backlog.num_positions > self.max_backlog
         self._write_backlog(batch, np.arange(num_reqs) if capped else others)
-        self._keep(batch, np.flatnonzero(sampling), starts, first, num_scheduled, hidden_states)
+        self._keep(batch, sampling_rows, starts, first, num_scheduled, hidden_states)
         if len(others):  # prompt chunks: the token after each position is the prompt's
             counts = num_scheduled[others]
             hidden = hidden_states.index_select(0, self._flat(starts[others], counts))
@@ -125,7 +136,10 @@ class EagleProposer:
         if len(rows) == 0:
             return
         counts = num_scheduled[rows]
-        kept = hidden_states.index_select(0, self._flat(starts[rows], counts))
+        if len(rows) == len(num_scheduled):  # every token is a sampling row's, in row order
+            kept = hidden_states[: int(counts.sum())].clone()
+        else:
+            kept = hidden_states.index_select(0, self._flat(starts[rows], counts))
         kept_starts = (np.cumsum(counts) - counts).tolist()
         req_ids = batch.req_ids
         for i, r in enumerate(rows.tolist()):
@@ -191,10 +205,11 @@ class EagleProposer:
     def _chunk_pass(self, batch: Any, rows: np.ndarray, chunk: VerifiedChunk, **kw):
         """One head pass over ``chunk``'s positions of ``rows``, each with the token after it
         in the batch: the predicted hidden states, their KV written."""
-        row, offset = ragged_index(chunk.counts)
-        positions = chunk.first[row] + offset
+        row, positions = layout = chunk_layout(chunk.first, chunk.counts)
         tokens = batch.token_ids[rows[row], positions + 1].astype(np.int64)
-        attn = chunk_metadata(batch, rows, chunk.first, chunk.counts, self.block_size, self.device)
+        attn = chunk_metadata(
+            batch, rows, chunk.first, chunk.counts, self.block_size, self.device, layout
+        )
         return self.model(
             torch.from_numpy(tokens).to(self.device),
             chunk.hidden,
@@ -211,7 +226,7 @@ class EagleProposer:
     def propose(self, context: ProposeContext) -> tuple[np.ndarray, np.ndarray]:
         batch, rows = context.batch, context.rows
         newest = batch.num_tokens[rows].astype(np.int64) - 1  # the newest token: no KV yet
-        num_drafts = np.clip(np.minimum(self.k, self.max_model_len - 1 - newest), 0, None)
+        num_drafts = np.maximum(np.minimum(self.k, self.max_model_len - 1 - newest), 0)
         verified = self._take_verified(batch, rows)
         drafts = np.zeros((len(rows), self.k), dtype=np.int64)
         probs = self.distributions.new_probs(batch, rows)
@@ -259,7 +274,7 @@ class EagleProposer:
         no processor adjusts the rows and every one is greedy (no ``probs`` to fill), one
         argmax takes them all."""
         if context.process_logits is None and probs is None:
-            sampled = logits.argmax(dim=-1).cpu().numpy()
+            sampled = self.distributions.argmax(logits)
             drafts[active, first_j + depth] = sampled
             context.batch.token_ids[context.rows[active], at + 2] = sampled
             return

@@ -95,8 +95,11 @@ class Speculation:
             tokens[plain, :1] = sampled
             for i, j in enumerate(plain.tolist()):
                 logprobs[j] = plain_logprobs[i]
-        positions = np.flatnonzero(np.repeat(num_drafts > 0, num_drafts + 1))
-        drafted_logits = logits.index_select(0, torch.from_numpy(positions).to(logits.device))
+        if len(plain):
+            positions = np.flatnonzero(np.repeat(num_drafts > 0, num_drafts + 1))
+            drafted_logits = logits.index_select(0, torch.from_numpy(positions).to(logits.device))
+        else:  # every row verifies drafts: every position is theirs
+            drafted_logits = logits
         verified, verified_logprobs = self._verify(
             drafted_logits, rows[drafted], num_drafts[drafted], step.draft_token_ids, failed
         )

@@ -66,14 +66,14 @@ class DraftVerifier:
         then -1 (see ``RejectionSamplerFn``). ``logits [sum(k + 1), V]`` fp32, processed;
         ``draft_probs [sum(k), V]`` the proposer's (None: each draft a point mass)."""
         counts = np.asarray(num_drafts, dtype=np.int64)
-        row, _ = positions_per_row(counts)
-        row_t = torch.from_numpy(row).to(logits.device)
-        target = target_distribution(logits, metadata, row_t)
         num_rows, vocab = len(counts), logits.shape[-1]
-        if metadata.all_greedy:  # no draws are read: keep the generators' streams untouched
+        if metadata.all_greedy:  # the logits as they are; no draws are read: keep the
+            target = logits  # generators' streams untouched
             uniforms = torch.zeros(int(counts.sum()), device=logits.device)
             noise = torch.ones(1, 1, device=logits.device).expand(num_rows, vocab)
         else:
+            row, _ = positions_per_row(counts)
+            target = target_distribution(logits, metadata, torch.from_numpy(row).to(logits.device))
             uniforms, noise = reference.draw_rejection_randoms(
                 counts.tolist(), vocab, metadata.generators, logits.device
             )

@@ -8,6 +8,7 @@ module only wires them."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import psutil
@@ -24,7 +25,7 @@ from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.rotary import make_rotary_embedding
-from octavo_cpu.sampler import make_sampler
+from octavo_cpu.sampler import make_argmax, make_sampler
 from octavo_cpu.shm_communicator import make_communicator
 from octavo_cpu.threads import StepThreads, ThreadedForward
 from octavo_cpu.token_bitmask import TokenBitmaskKernel
@@ -169,7 +170,7 @@ def octavo_scaled_mm(platform):
 @hookimpl
 def octavo_rejection_sampler(platform):
     if _mine(platform):
-        return rejection_sample
+        return functools.partial(rejection_sample, argmax=make_argmax(load_kernels().ops))
 
 
 @hookimpl

@@ -7,7 +7,8 @@ on the host (the counts are host integers already), and an all-greedy batch neve
 noise. An all-greedy batch (the usual case of a benchmark, and of n-gram drafts at batch 1) is
 one argmax over the target rows and the rest in numpy: a handful of calls where the general
 path makes a few dozen torch calls, each costing more than its arithmetic on a verify step's
-few rows.
+few rows. Argmax rows go through ``argmax`` (the plugin passes the compiled one: torch's costs
+~55 us on a verify step's five rows of the demo model's vocabulary, the compiled one ~8).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+
+from octavo_cpu.sampler import torch_argmax
 
 
 def rejection_sample(
@@ -26,8 +29,11 @@ def rejection_sample(
     temperature: torch.Tensor,
     uniforms: torch.Tensor,
     noise: torch.Tensor,
+    *,
+    argmax=torch_argmax,
 ) -> torch.Tensor:
-    """``[R, max_k + 1]`` int64: accepted drafts, the recovered or bonus token, -1 padding."""
+    """``[R, max_k + 1]`` int64: accepted drafts, the recovered or bonus token, -1 padding;
+    ``argmax(rows [N, V]) -> [N]`` takes greedy rows' argmax."""
     k = np.asarray(num_draft_tokens, dtype=np.int64)
     num_reqs, num_drafts = len(k), int(k.sum())
     first = np.cumsum(k) - k
@@ -36,7 +42,9 @@ def rejection_sample(
     row_of_draft = first[owner] + owner + offset  # request r's target rows start at first + r
     is_greedy = temperature == 0
     if bool(is_greedy.all()):
-        return greedy_verify(draft_token_ids, k, first, owner, offset, row_of_draft, target_probs)
+        return greedy_verify(
+            draft_token_ids, k, first, owner, offset, row_of_draft, target_probs, argmax
+        )
     owner_t, offset_t = torch.from_numpy(owner), torch.from_numpy(offset)
     target_row = torch.from_numpy(row_of_draft)
     drafts = draft_token_ids.long()
@@ -47,7 +55,7 @@ def rejection_sample(
     ok = uniforms * q_draft < p_draft
     greedy_draft = is_greedy[owner_t]
     if bool(greedy_draft.any()):
-        ok[greedy_draft] = target_probs[target_row[greedy_draft]].argmax(-1) == drafts[greedy_draft]
+        ok[greedy_draft] = argmax(target_probs[target_row[greedy_draft]]) == drafts[greedy_draft]
 
     # Accepted count: the first rejection of each request (k_r when there is none).
     rejected_at = torch.from_numpy(k.copy())
@@ -62,7 +70,7 @@ def rejection_sample(
     # The last token reads the target row after the accepted drafts.
     reqs = torch.arange(num_reqs)
     p_last = target_probs[torch.from_numpy(first) + reqs + rejected_at]
-    last = p_last.argmax(-1)
+    last = argmax(p_last)
     if not bool(is_greedy.all()):
         stopped = rejected_at < k_t
         weights = p_last.clone()
@@ -81,7 +89,7 @@ def rejection_sample(
 
 
 def greedy_verify(
-    draft_token_ids, k, first, owner, offset, row_of_draft, target_probs
+    draft_token_ids, k, first, owner, offset, row_of_draft, target_probs, argmax=torch_argmax
 ) -> torch.Tensor:
     """Every request greedy: its drafts are kept while each is the target's argmax at its
     position, then the argmax after the last kept one (the recovered or bonus token).
@@ -89,7 +97,7 @@ def greedy_verify(
     flat drafts, ``owner`` / ``offset`` / ``row_of_draft`` each draft's request, place in it
     and target row."""
     num_reqs = len(k)
-    best = target_probs.argmax(-1).numpy()  # [sum(k + 1)]: request r's rows start at first + r
+    best = argmax(target_probs).numpy()  # [sum(k + 1)]: request r's rows start at first + r
     drafts = draft_token_ids.numpy()
     rejected_at = k.copy()  # the first draft that is not the argmax (k: none)
     wrong = best[row_of_draft] != drafts
