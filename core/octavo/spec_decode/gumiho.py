@@ -21,14 +21,14 @@ num_parallel_heads``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from octavo.errors import ConfigError
 from octavo.model_executor.step_inputs import ragged_index
-from octavo.models.layers.linear import TPGroup
+from octavo.models.layers.linear import ColumnParallelLinear, TPGroup
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.llama import LlamaMLP
 from octavo.spec_decode.config import SpeculativeConfig
@@ -41,45 +41,25 @@ NUM_SERIAL_DRAFTS = 2
 
 
 class ParallelDraftHead(nn.Module):
-    """One MLP head's weights, under their checkpoint names (``GumihoHead`` runs them all at
-    once)."""
+    """One MLP head: ``x = fc([embedding, hidden])``, then ``norm(x + mlp(mlp_norm(x)))`` (a
+    SwiGLU MLP), under its checkpoint names. Its linears are packed by the platform like the
+    decoder layers', so a head is a handful of the platform's kernels."""
 
     def __init__(self, config, platform, *, intermediate_size: int, device):
         super().__init__()
         hidden, eps, dtype = config.hidden_size, config.rms_norm_eps, config.dtype
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False, dtype=dtype, device=device)
+        self.fc = ColumnParallelLinear(
+            2 * hidden, (hidden,), bias=False, dtype=dtype, device=device
+        )
         self.mlp_norm = RMSNorm(hidden, eps, platform, dtype=dtype, device=device)
         mlp_config = dataclasses.replace(config, intermediate_size=intermediate_size)
         self.mlp = LlamaMLP(mlp_config, platform, device=device, tp=TPGroup())
         self.norm = RMSNorm(hidden, eps, platform, dtype=dtype, device=device)
 
-
-@dataclasses.dataclass(frozen=True)
-class StackedHeads:
-    """The MLP heads' weights stacked along a first, head axis (copies made at load)."""
-
-    fc: torch.Tensor  # [M, H, 2H]
-    mlp_norm: torch.Tensor  # [M, 1, H]
-    gate: torch.Tensor  # [M, I, H]
-    up: torch.Tensor  # [M, I, H]
-    down: torch.Tensor  # [M, H, I]
-    norm: torch.Tensor  # [M, 1, H]
-
-    @classmethod
-    def of(cls, heads) -> "StackedHeads":
-        def stack(weights):
-            return torch.stack([w.detach() for w in weights]).contiguous()
-
-        inner = heads[0].mlp.down_proj.weight.shape[1]
-        gate_up = [h.mlp.gate_up_proj.weight for h in heads]
-        return cls(
-            fc=stack(h.fc.weight for h in heads),
-            mlp_norm=stack(h.mlp_norm.weight for h in heads).unsqueeze(1),
-            gate=stack(w[:inner] for w in gate_up),
-            up=stack(w[inner:] for w in gate_up),
-            down=stack(h.mlp.down_proj.weight for h in heads),
-            norm=stack(h.norm.weight for h in heads).unsqueeze(1),
-        )
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.fc(inputs)
+        out, _ = self.norm(self.mlp(self.mlp_norm(x)), x)
+        return out
 
 
 class GumihoHead(EagleHead):
@@ -98,34 +78,13 @@ class GumihoHead(EagleHead):
             )
             for _ in range(int(fields["num_parallel_heads"]))
         )
-        hidden = config.hidden_size
-        self._rms_norm = platform.rms_norm(hidden, config.rms_norm_eps, config.dtype)
-        self._silu_and_mul = platform.silu_and_mul()
-        self._unit = torch.ones(hidden, dtype=config.dtype, device=device)
-        self._stacked: Optional[StackedHeads] = None
-
-    def load_weights(self, weights) -> set[str]:
-        loaded = super().load_weights(weights)
-        self._stacked = StackedHeads.of(self.parallel_heads)
-        return loaded
 
     def draft_in_parallel(self, last_drafts, hidden_states, count: int) -> torch.Tensor:
         """``[count, R, H]``: the first ``count`` MLP heads' predictions from the last serial
-        drafts ``last_drafts [R]`` and the serial head's hidden states after them. Head i:
-        ``x = fc_i([embedding, hidden])``, then ``norm_i(x + down_i(silu(gate_i(n)) *
-        up_i(n)))`` with ``n = mlp_norm_i(x)``; every head in one batched matmul per step."""
-        w = self._stacked
-        embeds, hidden = self.inputs(last_drafts, hidden_states)
-        inputs = torch.cat([embeds, hidden], dim=-1)
-        x = torch.matmul(inputs, w.fc[:count].transpose(1, 2))  # [count, R, H]
-        shape = x.shape
-        normed = self._rms_norm(x.flatten(0, 1), self._unit).view(shape) * w.mlp_norm[:count]
-        gate = torch.matmul(normed, w.gate[:count].transpose(1, 2)).flatten(0, 1)
-        up = torch.matmul(normed, w.up[:count].transpose(1, 2)).flatten(0, 1)
-        inner = self._silu_and_mul(gate, up).view(count, shape[1], -1)
-        down = torch.matmul(inner, w.down[:count].transpose(1, 2))
-        out, _ = self._rms_norm(down.flatten(0, 1), self._unit, x.flatten(0, 1))
-        return out.view(shape) * w.norm[:count]
+        drafts ``last_drafts [R]`` and the serial head's hidden states after them, head by head
+        (each reads the same ``[embedding, hidden]``)."""
+        inputs = torch.cat(self.inputs(last_drafts, hidden_states), dim=-1)
+        return torch.stack([head(inputs) for head in self.parallel_heads[:count]])
 
 
 class GumihoProposer(EagleProposer):
