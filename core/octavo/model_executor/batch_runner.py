@@ -271,9 +271,12 @@ class BatchRunner:
         total: int,
     ) -> Optional[torch.Tensor]:
         """The tokens whose logits are taken: each sampling row's last, or its last ``1 + k``
-        when it verifies ``k`` drafts; None when that is every token (all decodes)."""
+        when it verifies ``k`` drafts; None when that is every token (all decodes, or every
+        row verifying drafts)."""
         if num_drafts is not None:
             row, offset = positions_per_row(num_drafts[sample_rows])
+            if len(row) == total:  # distinct tokens of the step, in order: all of them
+                return None
             first = cu_num_tokens[sample_rows] - 1 - num_drafts[sample_rows]
             indices = first[row] + offset
         elif len(sample_rows) != total:
