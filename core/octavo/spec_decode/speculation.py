@@ -85,21 +85,19 @@ class Speculation:
         request's random stream never depends on its neighbours' drafts); the others are
         verified."""
         num_drafts = step.num_drafts[rows]
+        plain, drafted = np.flatnonzero(num_drafts == 0), np.flatnonzero(num_drafts > 0)
+        if not len(plain):  # every row verifies drafts: every position is theirs
+            return self._verify(logits, rows, num_drafts, step.draft_token_ids, failed)
         tokens = np.full((len(rows), int(num_drafts.max()) + 1), -1, dtype=np.int64)
         logprobs: list = [None] * len(rows)
         starts = np.cumsum(num_drafts + 1) - (num_drafts + 1)
-        plain, drafted = np.flatnonzero(num_drafts == 0), np.flatnonzero(num_drafts > 0)
-        if len(plain):
-            plain_logits = logits.index_select(0, torch.from_numpy(starts[plain]).to(logits.device))
-            sampled, plain_logprobs = self.runner.sample_tokens(plain_logits, rows[plain], failed)
-            tokens[plain, :1] = sampled
-            for i, j in enumerate(plain.tolist()):
-                logprobs[j] = plain_logprobs[i]
-        if len(plain):
-            positions = np.flatnonzero(np.repeat(num_drafts > 0, num_drafts + 1))
-            drafted_logits = logits.index_select(0, torch.from_numpy(positions).to(logits.device))
-        else:  # every row verifies drafts: every position is theirs
-            drafted_logits = logits
+        plain_logits = logits.index_select(0, torch.from_numpy(starts[plain]).to(logits.device))
+        sampled, plain_logprobs = self.runner.sample_tokens(plain_logits, rows[plain], failed)
+        tokens[plain, :1] = sampled
+        for i, j in enumerate(plain.tolist()):
+            logprobs[j] = plain_logprobs[i]
+        positions = np.flatnonzero(np.repeat(num_drafts > 0, num_drafts + 1))
+        drafted_logits = logits.index_select(0, torch.from_numpy(positions).to(logits.device))
         verified, verified_logprobs = self._verify(
             drafted_logits, rows[drafted], num_drafts[drafted], step.draft_token_ids, failed
         )

@@ -40,11 +40,11 @@ def rejection_sample(
     owner = np.repeat(np.arange(num_reqs), k)
     offset = np.arange(num_drafts) - first[owner]
     row_of_draft = first[owner] + owner + offset  # request r's target rows start at first + r
-    is_greedy = temperature == 0
-    if bool(is_greedy.all()):
+    if not temperature.numpy().any():  # host tensors here: numpy reads them in place
         return greedy_verify(
             draft_token_ids, k, first, owner, offset, row_of_draft, target_probs, argmax
         )
+    is_greedy = temperature == 0
     owner_t, offset_t = torch.from_numpy(owner), torch.from_numpy(offset)
     target_row = torch.from_numpy(row_of_draft)
     drafts = draft_token_ids.long()
