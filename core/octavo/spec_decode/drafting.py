@@ -74,17 +74,19 @@ class DraftDistributions:
         """``[sum(num_drafts), V]`` the probabilities ``rows``' drafts were drawn from (zeros for
         greedy requests, whose verification reads none); None when every request is greedy."""
         req_ids = batch.req_ids
-        pieces, any_random = [], False
-        for row, k in zip(rows.tolist(), num_drafts.tolist()):
-            probs = self._probs.pop(req_ids[row], None)
-            if k == 0:
-                continue
-            if probs is None:
-                probs = torch.zeros(k, self.vocab_size, device=self.device)
-            else:
-                any_random = True
-            pieces.append(probs[:k])
-        return torch.cat(pieces) if any_random else None
+        kept = [
+            (self._probs.pop(req_ids[row], None), k)
+            for row, k in zip(rows.tolist(), num_drafts.tolist())
+        ]
+        if all(probs is None or not k for probs, k in kept):
+            return None
+        return torch.cat(
+            [
+                torch.zeros(k, self.vocab_size, device=self.device) if probs is None else probs[:k]
+                for probs, k in kept
+                if k
+            ]
+        )
 
     def forget(self, req_ids) -> None:
         for req_id in req_ids:

@@ -37,7 +37,7 @@ class Piece:
         return self.kept[self.start : self.start + self.count]
 
     def truncated(self, end: int) -> "Piece":
-        return dataclasses.replace(self, count=min(self.count, end - self.first))
+        return Piece(self.kept, self.start, self.first, min(self.count, end - self.first))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ request's temperature, top-k, top-p and min-p, the distribution the normal sampl
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -48,6 +49,14 @@ def target_distribution(logits: torch.Tensor, metadata: SamplingMetadata, row: t
     return torch.where((temperature > 0).unsqueeze(1), probs, logits)
 
 
+@functools.lru_cache(maxsize=64)
+def unread_draws(num_drafts: int, num_rows: int, vocab: int, device) -> tuple[torch.Tensor, ...]:
+    """Stand-ins for the draws of an all-greedy step (which no sampler reads), made once per
+    shape: ``(uniforms [N] zeros, noise [R, V] ones)``."""
+    uniforms = torch.zeros(num_drafts, device=device)
+    return uniforms, torch.ones(1, 1, device=device).expand(num_rows, vocab)
+
+
 class DraftVerifier:
     """Verifies drafts with the platform's rejection sampler (``octavo_rejection_sampler``)."""
 
@@ -69,8 +78,7 @@ class DraftVerifier:
         num_rows, vocab = len(counts), logits.shape[-1]
         if metadata.all_greedy:  # the logits as they are; no draws are read: keep the
             target = logits  # generators' streams untouched
-            uniforms = torch.zeros(int(counts.sum()), device=logits.device)
-            noise = torch.ones(1, 1, device=logits.device).expand(num_rows, vocab)
+            uniforms, noise = unread_draws(int(counts.sum()), num_rows, vocab, logits.device)
         else:
             row, _ = positions_per_row(counts)
             target = target_distribution(logits, metadata, torch.from_numpy(row).to(logits.device))
