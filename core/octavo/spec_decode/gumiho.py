@@ -5,7 +5,8 @@ MLP heads.
 how many of the later ones can count, so they get the stronger model: the head folder holds an
 EAGLE head (``octavo.spec_decode.eagle_head``: ``fc``, one decoder layer, ``norm``) that drafts
 the first ``num_serial_drafts`` tokens (2) serially, as EAGLE does, its KV on the target's block
-ids, and ``num_parallel_heads`` MLP heads that draft the rest in one batched pass. MLP head i
+ids, and ``num_parallel_heads`` MLP heads that draft the rest at once, from the same inputs and
+independent of one another (one LM-head product scores them all). MLP head i
 reads ``[embedding of the last serial draft, the serial head's last predicted hidden state]``
 (``fc`` from 2 x hidden to hidden, a SwiGLU MLP of ``parallel_intermediate_size`` with a
 residual, ``norm``) and predicts the hidden state i + 1 positions after that draft, which the
@@ -97,7 +98,7 @@ class GumihoProposer(EagleProposer):
         return model_config, runner.load_model(model_config, GumihoHead)
 
     def _draft(self, context, verified, num_drafts, drafts, probs) -> None:
-        """The serial head's drafts, then the rest from the MLP heads in one pass (sampled in
+        """The serial head's drafts, then the rest from the MLP heads at once (sampled in
         order, so each one's logits processors see the drafts before it)."""
         serial = min(self.k, self.model.num_serial_drafts)
         positions = verified.last
