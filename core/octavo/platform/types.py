@@ -212,7 +212,8 @@ class RejectionSamplerFn(Protocol):
 
     Randomness comes in as tensors (``uniforms [N]``, ``noise [R, V]`` of Exp(1) draws; see
     ``octavo.ops.reference.draw_rejection_randoms`` for per-request seeded generators), so a
-    kernel is deterministic and its result equals the reference's for the same draws.
+    kernel is deterministic and its result equals the reference's for the same draws. Every
+    input is read only: an all-greedy step's stand-in draws are shared between steps.
 
     Returns ``[R, max(k_r) + 1]`` int64: row ``r`` holds its accepted drafts, then the
     recovered or bonus token, then -1 padding (``1 + accepted`` tokens per row).

@@ -52,7 +52,8 @@ def target_distribution(logits: torch.Tensor, metadata: SamplingMetadata, row: t
 @functools.lru_cache(maxsize=64)
 def unread_draws(num_drafts: int, num_rows: int, vocab: int, device) -> tuple[torch.Tensor, ...]:
     """Stand-ins for the draws of an all-greedy step (which no sampler reads), made once per
-    shape: ``(uniforms [N] zeros, noise [R, V] ones)``."""
+    shape and shared by every such step: ``(uniforms [N] zeros, noise [R, V] ones)``. A
+    rejection sampler never writes its inputs."""
     uniforms = torch.zeros(num_drafts, device=device)
     return uniforms, torch.ones(1, 1, device=device).expand(num_rows, vocab)
 
