@@ -5,6 +5,7 @@ kept for the verifier's accept test."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import numpy as np
@@ -28,14 +29,10 @@ class DraftDistributions:
         self.vocab_size, self.k, self.device = vocab_size, k, device
         self.sampler = sampler
         self._probs: dict[str, torch.Tensor] = {}  # req id -> [k, V] probs of its drafts
-        self._greedy: dict[int, SamplingMetadata] = {}  # row count -> all-greedy metadata
 
     def argmax(self, logits: torch.Tensor) -> np.ndarray:
         """Each row's argmax (greedy drafts), on the host."""
-        num_rows = logits.shape[0]
-        metadata = self._greedy.get(num_rows)
-        if metadata is None:
-            metadata = self._greedy[num_rows] = greedy_metadata(num_rows, self.device)
+        metadata = greedy_metadata(logits.shape[0], self.device)
         return self.sampler(logits, metadata).cpu().numpy()
 
     def new_probs(self, batch: Any, rows: np.ndarray) -> Optional[torch.Tensor]:
@@ -93,8 +90,10 @@ class DraftDistributions:
             self._probs.pop(req_id, None)
 
 
+@functools.lru_cache(maxsize=64)
 def greedy_metadata(num_rows: int, device) -> SamplingMetadata:
-    """Sampling metadata of ``num_rows`` greedy rows."""
+    """Sampling metadata of ``num_rows`` greedy rows, made once per row count and shared (no
+    sampler writes its metadata)."""
     return SamplingMetadata(
         temperature=torch.zeros(num_rows, dtype=torch.float32, device=device),
         top_k=torch.zeros(num_rows, dtype=torch.int32, device=device),
