@@ -32,6 +32,7 @@ SOURCES = [
     "csrc/gemm.cpp",
     "csrc/argmax.cpp",
     "csrc/decoder_stack.cpp",
+    "csrc/draft_head.cpp",
 ]
 
 

@@ -165,6 +165,11 @@ class Platform:
         (``octavo_decoder_stack``), or None: the model runs its modules."""
         return self.pm.hook.octavo_decoder_stack(platform=self.info, layers=layers, norm=norm)
 
+    def draft_head(self, head: torch.nn.Module) -> Optional[Any]:
+        """The platform's one-call forward of an EAGLE-family draft head
+        (``octavo_draft_head``), or None: the head runs its modules."""
+        return self.pm.hook.octavo_draft_head(platform=self.info, head=head)
+
     def graph_runner(self, model: torch.nn.Module, config: Any) -> Any:
         """The forward the runner calls for ``model``: the platform's own, or the model."""
         result = self.pm.hook.octavo_graph_runner(platform=self.info, model=model, config=config)

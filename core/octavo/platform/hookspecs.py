@@ -205,6 +205,22 @@ def octavo_decoder_stack(platform: PlatformInfo, layers: Any, norm: Any) -> Opti
 
 
 @hookspec(firstresult=True)
+def octavo_draft_head(platform: PlatformInfo, head: Any) -> Optional[Any]:
+    """Return ``fn(input_ids [T], hidden_states, positions [T], attn_metadata, masked=None) ->
+    hidden [T, hidden]``: an EAGLE-family draft head's forward in one call (``head`` an
+    ``octavo.spec_decode.eagle_head.EagleHead`` attached to its target: the target's embedding
+    of each token beside its hidden state, ``fc``, the rotary tables, the decoder layer and the
+    norm), with the numbers the head's modules give. With ``masked`` (bool ``[T]``, a P-EAGLE
+    head's masked slots) the masked tokens read the head's ``mask_embedding`` and
+    ``mask_hidden`` and ``hidden_states`` holds the other tokens' rows only, in order. None
+    where it does not apply to this head: it runs its modules.
+
+    Optional. Stops at the first non-None result. Called once per head after it is attached to
+    its target (its linears packed and its decoder stack, if any, attached).
+    """
+
+
+@hookspec(firstresult=True)
 def octavo_communicator(platform: PlatformInfo, group: Any) -> Optional[Communicator]:
     """Return collective operations (all-reduce, all-gather, send, recv) for a process group.
 

@@ -74,7 +74,7 @@ class EagleProposer:
     def __init__(self, config: SpeculativeConfig, runner: Any):
         target = runner.model_config
         self.model_config, self.model = self.load_head(config, runner)
-        self.model.attach(runner.model)
+        self.model.attach(runner.model, runner.platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.runner = runner
         self.k = config.num_speculative_tokens

@@ -13,10 +13,11 @@ the target's, not stored.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from octavo.errors import ConfigError
 from octavo.models.layers.decoder_stack import StackedDecoder
@@ -33,6 +34,8 @@ class EagleHead(StackedDecoder, nn.Module):
     """The head; built by the loader (``model_cls``), then ``attach``-ed to its target."""
 
     STACKED_PARAMS = LlamaForCausalLM.STACKED_PARAMS
+    # The platform's one-call forward of this head (``octavo_draft_head``), set by ``attach``.
+    head_pass: Optional[Callable[..., torch.Tensor]] = None
 
     def __init__(self, config, platform, *, block_size: int, device, tp: TPGroup = TPGroup()):
         super().__init__()
@@ -63,19 +66,33 @@ class EagleHead(StackedDecoder, nn.Module):
         )
         self._target: Any = None
 
-    def attach(self, target: nn.Module) -> None:
-        """Use ``target``'s token embedding and LM head (kept out of this module's weights)."""
+    def attach(self, target: nn.Module, platform: Any = None) -> None:
+        """Use ``target``'s token embedding and LM head (kept out of this module's weights), and
+        ``platform``'s one-call forward of the head where it has one."""
         object.__setattr__(self, "_target", target)
+        self.head_pass = None if platform is None else platform.draft_head(self)
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The target's token embedding (the head reads it; attached)."""
+        return self._target.model.embed_tokens
 
     def forward(self, input_ids, hidden_states, positions, attn_metadata) -> torch.Tensor:
         """The predicted hidden states (after the norm) for the positions after ``positions``,
         from the tokens there (``input_ids``) and the hidden states at ``positions``."""
+        if self._one_call():
+            return self.head_pass(input_ids, hidden_states, positions, attn_metadata)
         embeds, hidden = self.inputs(input_ids, hidden_states)
         return self.predict(embeds, hidden, positions, attn_metadata)
 
+    def _one_call(self) -> bool:
+        """Whether the platform's one-call forward runs: where it has one, except under a
+        dispatch mode (the start-up profile run counts the modules' allocations)."""
+        return self.head_pass is not None and not is_in_torch_dispatch_mode()
+
     def inputs(self, input_ids, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
         """``(embeddings, hidden states)`` as ``fc`` reads them."""
-        embeds = self._target.model.embed_tokens(input_ids)
+        embeds = self.embed_tokens(input_ids)
         return embeds, hidden_states.to(embeds.dtype)
 
     def predict(self, embeds, hidden_states, positions, attn_metadata) -> torch.Tensor:

@@ -41,12 +41,17 @@ class ParallelEagleHead(EagleHead):
 
     def forward(self, input_ids, hidden_states, positions, attn_metadata, masked=None):
         """As EAGLE's, with the tokens where ``masked [T]`` (bool) is set reading the mask
-        embedding and hidden state instead of theirs."""
-        embeds, hidden = self.inputs(input_ids, hidden_states)
-        if masked is not None:
-            where = masked.unsqueeze(1)
-            embeds = torch.where(where, self.mask_embedding, embeds)
-            hidden = torch.where(where, self.mask_hidden, hidden)
+        embedding and hidden state instead of theirs: ``hidden_states`` then holds the other
+        tokens' rows only, in order."""
+        if self._one_call():
+            return self.head_pass(input_ids, hidden_states, positions, attn_metadata, masked)
+        if masked is None:
+            embeds, hidden = self.inputs(input_ids, hidden_states)
+            return self.predict(embeds, hidden, positions, attn_metadata)
+        every = self.mask_hidden.expand(len(masked), -1).clone()
+        every[~masked] = hidden_states.to(every.dtype)
+        embeds, hidden = self.inputs(input_ids, every)
+        embeds = torch.where(masked.unsqueeze(1), self.mask_embedding, embeds)
         return self.predict(embeds, hidden, positions, attn_metadata)
 
 
@@ -73,12 +78,10 @@ class ParallelEagleProposer(EagleProposer):
         counts = verified.counts + np.maximum(num_drafts - 1, 0)
         row, offset = ragged_index(counts)
         masked = offset >= verified.counts[row]
-        inputs = verified.hidden.new_zeros(len(row), verified.hidden.shape[-1])
-        inputs[torch.from_numpy(np.flatnonzero(~masked)).to(self.device)] = verified.hidden
-        predicted = self._chunk_pass(
+        predicted = self._chunk_pass(  # the masked slots read no hidden state rows
             batch,
             rows,
-            VerifiedChunk(verified.first, counts, inputs),
+            VerifiedChunk(verified.first, counts, verified.hidden),
             masked=torch.from_numpy(masked).to(self.device),
         )
         last = np.cumsum(counts) - counts + verified.counts - 1  # each row's last verified one

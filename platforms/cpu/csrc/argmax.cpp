@@ -8,6 +8,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -109,9 +110,66 @@ void argmax_rows(at::Tensor out, const at::Tensor& logits) {
   }
 }
 
+// Greedy verification of drafts against the target's logits (every request greedy): request
+// r has num_drafts[r] drafts, whose target rows are first_r + r .. first_r + r + k_r (first_r
+// the drafts before r's, the last row the bonus position). Its drafts are kept while each is
+// its row's argmax, then the argmax of the row after the last kept one follows; out [R, max_k +
+// 1] gets them, -1 after. A row's argmax is taken only where it is read (up to the first
+// rejection), so a rejected first draft costs one row, not k + 1.
+void greedy_verify(at::Tensor out, const at::Tensor& logits, const at::Tensor& draft_token_ids,
+                   const at::Tensor& num_drafts) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat,
+              "greedy_verify: logits must be contiguous float32 [rows, V]");
+  TORCH_CHECK(num_drafts.scalar_type() == at::kLong && num_drafts.dim() == 1 &&
+                  num_drafts.is_contiguous(),
+              "greedy_verify: num_drafts must be contiguous int64 [R]");
+  TORCH_CHECK(draft_token_ids.scalar_type() == at::kLong && draft_token_ids.dim() == 1 &&
+                  draft_token_ids.is_contiguous(),
+              "greedy_verify: draft_token_ids must be contiguous int64 [sum(num_drafts)]");
+  const int64_t R = num_drafts.size(0), V = logits.size(1);
+  TORCH_CHECK(V > 0 && V < (int64_t{1} << 24), "greedy_verify: rows of 1 to 2^24 - 1 values");
+  const int64_t* k = num_drafts.data_ptr<int64_t>();
+  int64_t total = 0, widest = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(k[r] >= 0, "greedy_verify: negative draft count");
+    total += k[r];
+    widest = std::max(widest, k[r]);
+  }
+  TORCH_CHECK(draft_token_ids.size(0) == total && logits.size(0) == total + R,
+              "greedy_verify: ", total, " drafts of ", R, " requests need ", total + R,
+              " logits rows and as many drafts; got ", logits.size(0), " rows, ",
+              draft_token_ids.size(0), " drafts");
+  TORCH_CHECK(out.scalar_type() == at::kLong && out.is_contiguous() && out.dim() == 2 &&
+                  out.size(0) == R && out.size(1) == widest + 1,
+              "greedy_verify: out must be contiguous int64 [R, max_k + 1]");
+  const float* x = logits.data_ptr<float>();
+  const int64_t* drafts = draft_token_ids.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  std::fill(o, o + R * (widest + 1), int64_t{-1});
+  std::vector<int64_t> first(R, 0);  // the drafts before request r's
+  for (int64_t r = 1; r < R; ++r) first[r] = first[r - 1] + k[r - 1];
+  OCTAVO_CPU_NAMESPACE::parallel_chunks(R, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t* d = drafts + first[r];
+      const float* rows = x + (first[r] + r) * V;
+      int64_t* row_out = o + r * (widest + 1);
+      int64_t j = 0, best = argmax_row(rows, V);
+      for (; j < k[r] && best == d[j]; ++j) {
+        row_out[j] = d[j];
+        best = argmax_row(rows + (j + 1) * V, V);
+      }
+      row_out[j] = best;
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
   m.def("argmax_rows(Tensor(a!) out, Tensor logits) -> ()");
   m.impl("argmax_rows", c10::DispatchKey::CPU, &argmax_rows);
+  m.def(
+      "greedy_verify(Tensor(a!) out, Tensor logits, Tensor draft_token_ids, Tensor num_drafts) "
+      "-> ()");
+  m.impl("greedy_verify", c10::DispatchKey::CPU, &greedy_verify);
 }

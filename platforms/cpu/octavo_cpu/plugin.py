@@ -1,7 +1,8 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
 ``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), Llama
-decoder layers in one compiled call (``decoder_stack``), the forward that runs each step on the
+decoder layers in one compiled call (``decoder_stack``), an EAGLE-family head's forward in two
+(``draft_head``), the forward that runs each step on the
 threads its size pays for (``graph_runner``), and the collectives of tensor parallelism
 (``communicator``: all-reduce through shared memory for ranks on one host, else gloo). This
 module only wires them."""
@@ -20,9 +21,10 @@ from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.compiled_graph import CompiledForward, compile_cache_dir
 from octavo_cpu.decoder_stack import make_decoder_stack
+from octavo_cpu.draft_head import make_draft_head
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
-from octavo_cpu.rejection_sampler import rejection_sample
+from octavo_cpu.rejection_sampler import make_greedy_verify, rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.rotary import make_rotary_embedding
 from octavo_cpu.sampler import make_argmax, make_sampler
@@ -170,7 +172,10 @@ def octavo_scaled_mm(platform):
 @hookimpl
 def octavo_rejection_sampler(platform):
     if _mine(platform):
-        return functools.partial(rejection_sample, argmax=make_argmax(load_kernels().ops))
+        ops = load_kernels().ops
+        return functools.partial(
+            rejection_sample, argmax=make_argmax(ops), greedy=make_greedy_verify(ops)
+        )
 
 
 @hookimpl
@@ -190,6 +195,12 @@ def octavo_graph_runner(platform, model, config):
 def octavo_decoder_stack(platform, layers, norm):
     if _mine(platform):
         return make_decoder_stack(layers, norm, load_kernels().ops)
+
+
+@hookimpl
+def octavo_draft_head(platform, head):
+    if _mine(platform):
+        return make_draft_head(head, load_kernels().ops)
 
 
 def compiled_forward(model, config):

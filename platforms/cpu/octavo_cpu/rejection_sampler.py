@@ -8,17 +8,24 @@ noise. An all-greedy batch (the usual case of a benchmark, and of n-gram drafts 
 one argmax over the target rows and the rest in numpy: a handful of calls where the general
 path makes a few dozen torch calls, each costing more than its arithmetic on a verify step's
 few rows. Argmax rows go through ``argmax`` (the plugin passes the compiled one: torch's costs
-~55 us on a verify step's five rows of the demo model's vocabulary, the compiled one ~8).
+~55 us on a verify step's five rows of the demo model's vocabulary, the compiled one ~8), and an
+all-greedy batch through ``greedy`` (the plugin's: the compiled ``greedy_verify``, one call that
+takes each request's argmax rows only up to its first rejection).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from octavo_cpu.sampler import torch_argmax
+from octavo_cpu.sampler import make_argmax, torch_argmax
+
+GreedyVerifyFn = Callable[[torch.Tensor, np.ndarray, torch.Tensor], torch.Tensor]
+"""``greedy(draft_token_ids, num_drafts [R] (numpy int64), target_logits) -> [R, max_k + 1]``:
+the all-greedy verification (:func:`greedy_verify`'s result)."""
 
 
 def rejection_sample(
@@ -31,19 +38,21 @@ def rejection_sample(
     noise: torch.Tensor,
     *,
     argmax=torch_argmax,
+    greedy: Optional[GreedyVerifyFn] = None,
 ) -> torch.Tensor:
     """``[R, max_k + 1]`` int64: accepted drafts, the recovered or bonus token, -1 padding;
-    ``argmax(rows [N, V]) -> [N]`` takes greedy rows' argmax."""
+    ``argmax(rows [N, V]) -> [N]`` takes greedy rows' argmax, ``greedy`` verifies an all-greedy
+    batch (default: :func:`greedy_verify` with ``argmax``)."""
     k = np.asarray(num_draft_tokens, dtype=np.int64)
+    if not temperature.numpy().any():  # host tensors here: numpy reads them in place
+        if greedy is not None:
+            return greedy(draft_token_ids, k, target_probs)
+        return greedy_verify(draft_token_ids, k, target_probs, argmax)
     num_reqs, num_drafts = len(k), int(k.sum())
     first = np.cumsum(k) - k
     owner = np.repeat(np.arange(num_reqs), k)
     offset = np.arange(num_drafts) - first[owner]
     row_of_draft = first[owner] + owner + offset  # request r's target rows start at first + r
-    if not temperature.numpy().any():  # host tensors here: numpy reads them in place
-        return greedy_verify(
-            draft_token_ids, k, first, owner, offset, row_of_draft, target_probs, argmax
-        )
     is_greedy = temperature == 0
     owner_t, offset_t = torch.from_numpy(owner), torch.from_numpy(offset)
     target_row = torch.from_numpy(row_of_draft)
@@ -89,14 +98,16 @@ def rejection_sample(
 
 
 def greedy_verify(
-    draft_token_ids, k, first, owner, offset, row_of_draft, target_probs, argmax=torch_argmax
+    draft_token_ids, k: np.ndarray, target_probs, argmax=torch_argmax
 ) -> torch.Tensor:
     """Every request greedy: its drafts are kept while each is the target's argmax at its
-    position, then the argmax after the last kept one (the recovered or bonus token).
-    ``k [R]`` drafts per request, ``first [R]`` where each request's drafts begin among the
-    flat drafts, ``owner`` / ``offset`` / ``row_of_draft`` each draft's request, place in it
-    and target row."""
+    position, then the argmax after the last kept one (the recovered or bonus token). ``k [R]``
+    drafts per request; request r's target rows start at (its drafts before it) + r."""
     num_reqs = len(k)
+    first = np.cumsum(k) - k
+    owner = np.repeat(np.arange(num_reqs), k)
+    offset = np.arange(int(k.sum())) - first[owner]
+    row_of_draft = first[owner] + owner + offset
     best = argmax(target_probs).numpy()  # [sum(k + 1)]: request r's rows start at first + r
     drafts = draft_token_ids.numpy()
     rejected_at = k.copy()  # the first draft that is not the argmax (k: none)
@@ -108,3 +119,23 @@ def greedy_verify(
     reqs = np.arange(num_reqs)
     out[reqs, rejected_at] = best[first + reqs + rejected_at]
     return torch.from_numpy(out)
+
+
+def make_greedy_verify(ops: Any) -> GreedyVerifyFn:
+    """The all-greedy verification: the compiled ``greedy_verify`` where the kernels have it
+    (float32 logits), else :func:`greedy_verify` over ``ops``' argmax."""
+    argmax = make_argmax(ops)
+    fallback = functools.partial(greedy_verify, argmax=argmax)
+    if ops is None or not hasattr(ops, "greedy_verify"):
+        return fallback
+    op = ops.greedy_verify.default
+
+    def compiled(draft_token_ids, k: np.ndarray, target_logits) -> torch.Tensor:
+        if target_logits.dtype != torch.float32:
+            return fallback(draft_token_ids, k, target_logits)
+        out = torch.empty(len(k), int(k.max(initial=0)) + 1, dtype=torch.int64)
+        drafts = draft_token_ids.to(torch.int64).contiguous()
+        op(out, target_logits.contiguous(), drafts, torch.from_numpy(k))
+        return out
+
+    return compiled

@@ -1,0 +1,146 @@
+"""The cpu platform's one-call forward of an EAGLE-family draft head (``draft_head_inputs`` and
+the head's decoder stack) and its compiled greedy verification: the modules' hidden states bit
+for bit at every head pass of a run (serial EAGLE, P-EAGLE's masked slots, Gumiho's serial head),
+the numpy verifier's tokens; the modules where the one call does not apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from octavo import LLM, SamplingParams
+from octavo.testing.tiny_models import (
+    TinyModelSpec,
+    add_random_mtp_layer,
+    write_random_eagle_head,
+    write_random_gumiho_head,
+    write_tiny_model,
+)
+from octavo_cpu import kernels, plugin
+from octavo_cpu.draft_head import DraftHeadPass
+from octavo_cpu.rejection_sampler import greedy_verify, make_greedy_verify
+
+OPS = kernels.load_kernels().ops
+pytestmark = pytest.mark.skipif(OPS is None, reason="the compiled kernels do not run here")
+
+# Prompts of 37, 5, 21 and 2 tokens, 24 tokens a step: prefill chunks mixed with decodes.
+PROMPTS = [
+    [1] + [(7 * i + 3 * j) % 500 + 3 for j in range(n)] for i, n in enumerate((36, 4, 20, 1))
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("draft_head") / "model", TinyModelSpec())
+
+
+def make_llm(folder, spec) -> LLM:
+    return LLM(
+        str(folder),
+        kv_cache_memory="2MiB",
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=24,
+        speculative_config={**spec, "adaptive": False},
+    )
+
+
+def generate(llm: LLM) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def check_every_pass(head, calls: list) -> None:
+    """At every head pass run the modules, then the one call; record whether they agreed (the
+    modules write the pass's KV first, the one call writes it again)."""
+    one_call = head.head_pass
+
+    def both(input_ids, hidden, positions, metadata, masked=None):
+        head.head_pass = None
+        try:
+            extra = {} if masked is None else {"masked": masked}
+            expected = head(input_ids, hidden, positions, metadata, **extra)
+        finally:
+            head.head_pass = both
+        got = one_call(input_ids, hidden, positions, metadata, masked)
+        any_masked = masked is not None and bool(masked.any())
+        calls.append((input_ids.shape[0], any_masked, torch.equal(got, expected)))
+        return expected
+
+    head.head_pass = both
+
+
+def heads(target, tmp_path) -> dict:
+    eagle = write_random_eagle_head(tmp_path / "eagle", target, seed=1)
+    p_eagle = write_random_eagle_head(tmp_path / "p-eagle", target, seed=2, parallel_drafting=True)
+    gumiho = write_random_gumiho_head(tmp_path / "gumiho", target, seed=3)
+    return {
+        "eagle": {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3},
+        "p-eagle": {
+            "method": "eagle",
+            "model": str(p_eagle),
+            "num_speculative_tokens": 3,
+            "parallel_drafting": True,
+        },
+        "gumiho": {"method": "gumiho", "model": str(gumiho), "num_speculative_tokens": 4},
+    }
+
+
+@pytest.mark.parametrize("method", ["eagle", "p-eagle", "gumiho"])
+def test_the_one_call_gives_the_modules_hidden_states_bit_for_bit(target, tmp_path, method):
+    llm = make_llm(target, heads(target, tmp_path)[method])
+    head = llm.engine.core.runner.speculation.proposer.model
+    assert isinstance(head.head_pass, DraftHeadPass)
+    calls: list = []
+    check_every_pass(head, calls)
+    generate(llm)
+    assert len(calls) > 10 and all(equal for _, _, equal in calls), calls
+    assert any(tokens > 4 for tokens, _, _ in calls), "no pass over a prompt chunk"
+    if method == "p-eagle":
+        assert any(masked for _, masked, _ in calls), "no pass with masked slots"
+
+
+def test_the_one_call_keeps_greedy_tokens_and_an_mtp_layer_runs_its_modules(target, tmp_path):
+    spec = heads(target, tmp_path)["p-eagle"]
+    with_one_call = make_llm(target, spec)
+    modules = make_llm(target, spec)
+    modules.engine.core.runner.speculation.proposer.model.head_pass = None
+    assert generate(with_one_call) == generate(modules)
+
+    mtp_target = add_random_mtp_layer(write_tiny_model(tmp_path / "mtp", TinyModelSpec()))
+    mtp = make_llm(mtp_target, {"method": "mtp", "num_speculative_tokens": 2})
+    assert mtp.engine.core.runner.speculation.proposer.model.head_pass is None  # norms its inputs
+
+
+def test_the_torch_path_runs_the_heads_modules(target, tmp_path, monkeypatch):
+    monkeypatch.setattr(plugin, "load_kernels", lambda: kernels._load("torch"))
+    llm = make_llm(target, heads(target, tmp_path)["eagle"])
+    assert llm.engine.core.runner.speculation.proposer.model.head_pass is None
+
+
+def test_the_compiled_greedy_verification_gives_the_numpy_verifiers_tokens():
+    generator = torch.Generator().manual_seed(0)
+    compiled = make_greedy_verify(OPS)
+    for trial in range(200):
+        k = torch.randint(
+            0, 5, (int(torch.randint(1, 6, (1,), generator=generator)),), generator=generator
+        ).numpy()
+        vocab = int(torch.randint(1, 70, (1,), generator=generator))
+        # few distinct values: ties, which both take the first index of
+        logits = torch.randint(-3, 3, (int(k.sum()) + len(k), vocab), generator=generator)
+        logits = logits.float()
+        if trial % 7 == 0:
+            logits[0, vocab // 2] = float("nan")
+        best = logits.argmax(dim=-1)
+        first = np.cumsum(k) - k
+        drafts = []
+        for r, count in enumerate(k.tolist()):  # mostly right drafts, some wrong ones
+            for j in range(count):
+                right = int(best[first[r] + r + j])
+                wrong = torch.randint(0, vocab, (1,), generator=generator).item()
+                drafts.append(right if torch.rand(1, generator=generator) < 0.7 else wrong)
+        drafts = torch.tensor(drafts, dtype=torch.int64)
+        expected = greedy_verify(drafts, k, logits)
+        assert torch.equal(compiled(drafts, k, logits), expected), (k, logits, drafts)
