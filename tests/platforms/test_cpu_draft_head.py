@@ -1,7 +1,8 @@
 """The cpu platform's one-call forward of an EAGLE-family draft head (``draft_head_inputs`` and
-the head's decoder stack) and its compiled greedy verification: the modules' hidden states bit
-for bit at every head pass of a run (serial EAGLE, P-EAGLE's masked slots, Gumiho's serial head),
-the numpy verifier's tokens; the modules where the one call does not apply."""
+the head's decoder stack), its greedy drafts and Gumiho's MLP heads in one call each, and the
+compiled greedy verification: the modules' numbers bit for bit at every call of a run (serial
+EAGLE, P-EAGLE's masked slots, Gumiho's serial and MLP heads), torch's argmax of the LM head's
+logits, the numpy verifier's tokens; the modules where the one call does not apply."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from octavo.testing.tiny_models import (
     write_tiny_model,
 )
 from octavo_cpu import kernels, plugin
-from octavo_cpu.draft_head import DraftHeadPass
+from octavo_cpu.draft_head import DraftHeadPass, GumihoHeadPass
 from octavo_cpu.rejection_sampler import greedy_verify, make_greedy_verify
 
 OPS = kernels.load_kernels().ops
@@ -52,24 +53,41 @@ def generate(llm: LLM) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def check_every_pass(head, calls: list) -> None:
-    """At every head pass run the modules, then the one call; record whether they agreed (the
-    modules write the pass's KV first, the one call writes it again)."""
-    one_call = head.head_pass
+class BothWays:
+    """A head's one call, checked: at every call the modules run, then the one call; each call
+    records ``(kind, rows, any masked slot, whether they agreed)`` (the modules write a pass's
+    KV first, the one call writes it again)."""
 
-    def both(input_ids, hidden, positions, metadata, masked=None):
-        head.head_pass = None
+    def __init__(self, head):
+        self.head, self.one_call, self.calls = head, head.head_pass, []
+        head.head_pass = self
+
+    def _modules(self, run):
+        self.head.head_pass = None
         try:
-            extra = {} if masked is None else {"masked": masked}
-            expected = head(input_ids, hidden, positions, metadata, **extra)
+            return run()
         finally:
-            head.head_pass = both
-        got = one_call(input_ids, hidden, positions, metadata, masked)
+            self.head.head_pass = self
+
+    def __call__(self, input_ids, hidden, positions, metadata, masked=None):
+        extra = {} if masked is None else {"masked": masked}
+        expected = self._modules(lambda: self.head(input_ids, hidden, positions, metadata, **extra))
+        got = self.one_call(input_ids, hidden, positions, metadata, masked)
         any_masked = masked is not None and bool(masked.any())
-        calls.append((input_ids.shape[0], any_masked, torch.equal(got, expected)))
+        self.calls.append(("pass", len(input_ids), any_masked, torch.equal(got, expected)))
         return expected
 
-    head.head_pass = both
+    def greedy_drafts(self, hidden):
+        expected = self.head.compute_logits(hidden).argmax(dim=-1)
+        got = self.one_call.greedy_drafts(hidden)
+        self.calls.append(("greedy", len(hidden), False, torch.equal(got, expected)))
+        return expected
+
+    def draft_in_parallel(self, last_drafts, hidden, count):
+        expected = self._modules(lambda: self.head.draft_in_parallel(last_drafts, hidden, count))
+        got = self.one_call.draft_in_parallel(last_drafts, hidden, count)
+        self.calls.append(("mlp", len(last_drafts), False, torch.equal(got, expected)))
+        return expected
 
 
 def heads(target, tmp_path) -> dict:
@@ -92,14 +110,16 @@ def heads(target, tmp_path) -> dict:
 def test_the_one_call_gives_the_modules_hidden_states_bit_for_bit(target, tmp_path, method):
     llm = make_llm(target, heads(target, tmp_path)[method])
     head = llm.engine.core.runner.speculation.proposer.model
-    assert isinstance(head.head_pass, DraftHeadPass)
-    calls: list = []
-    check_every_pass(head, calls)
+    assert isinstance(head.head_pass, GumihoHeadPass if method == "gumiho" else DraftHeadPass)
+    calls = BothWays(head).calls
     generate(llm)
-    assert len(calls) > 10 and all(equal for _, _, equal in calls), calls
-    assert any(tokens > 4 for tokens, _, _ in calls), "no pass over a prompt chunk"
+    assert len(calls) > 10 and all(equal for *_, equal in calls), calls
+    assert any(kind == "pass" and rows > 4 for kind, rows, *_ in calls), "no prompt chunk pass"
+    assert any(kind == "greedy" for kind, *_ in calls), "no greedy drafts"
     if method == "p-eagle":
-        assert any(masked for _, masked, _ in calls), "no pass with masked slots"
+        assert any(masked for _, _, masked, _ in calls), "no pass with masked slots"
+    if method == "gumiho":
+        assert any(kind == "mlp" for kind, *_ in calls), "no MLP heads' drafts"
 
 
 def test_the_one_call_keeps_greedy_tokens_and_an_mtp_layer_runs_its_modules(target, tmp_path):

@@ -212,8 +212,12 @@ def octavo_draft_head(platform: PlatformInfo, head: Any) -> Optional[Any]:
     of each token beside its hidden state, ``fc``, the rotary tables, the decoder layer and the
     norm), with the numbers the head's modules give. With ``masked`` (bool ``[T]``, a P-EAGLE
     head's masked slots) the masked tokens read the head's ``mask_embedding`` and
-    ``mask_hidden`` and ``hidden_states`` holds the other tokens' rows only, in order. None
-    where it does not apply to this head: it runs its modules.
+    ``mask_hidden`` and ``hidden_states`` holds the other tokens' rows only, in order. The
+    result may also have ``greedy_drafts(hidden_states [R, hidden]) -> int64 [R]`` (each row's
+    argmax of the head's ``compute_logits``: its greedy drafts) and, for a Gumiho head
+    (``octavo.spec_decode.gumiho.GumihoHead``), ``draft_in_parallel(last_drafts, hidden_states,
+    count) -> [count, R, hidden]``, the head's own method, each in one call. None where it does
+    not apply to this head: it runs its modules.
 
     Optional. Stops at the first non-None result. Called once per head after it is attached to
     its target (its linears packed and its decoder stack, if any, attached).

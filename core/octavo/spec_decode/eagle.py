@@ -263,21 +263,22 @@ class EagleProposer:
             at = positions[active] + j
             if j > 0:
                 hidden = self._head_step(batch, rows[active], at, hidden)
-            logits = self.model.compute_logits(hidden)
-            self._sample_logits(context, active, j, at, logits, drafts, probs)
+            depth = np.zeros(len(active), dtype=np.int64)
+            self._sample_in_order(context, active, depth, j, at, hidden, drafts, probs)
         return active, hidden
 
-    def _sample_in_order(self, context, active, depth, first_j: int, at, logits, drafts, probs):
+    def _sample_in_order(self, context, active, depth, first_j: int, at, hidden, drafts, probs):
         """Drafts ``first_j + depth[i]`` of rows ``active[i]`` (indices into ``context.rows``)
-        at positions ``at[i]`` from ``logits [N, V]`` (one row each), scored at once, sampled
-        depth by depth so that each one's logits processors see the drafts before it; where
-        no processor adjusts the rows and every one is greedy (no ``probs`` to fill), one
-        argmax takes them all."""
+        at positions ``at[i]`` from the head's predictions ``hidden [N, H]`` (one row each),
+        scored at once, sampled depth by depth so that each one's logits processors see the
+        drafts before it; where no processor adjusts the rows and every one is greedy (no
+        ``probs`` to fill), the argmax of each row's logits (the head's ``greedy_drafts``)."""
         if context.process_logits is None and probs is None:
-            sampled = self.distributions.argmax(logits)
+            sampled = self.model.greedy_drafts(hidden, self.distributions.argmax)
             drafts[active, first_j + depth] = sampled
             context.batch.token_ids[context.rows[active], at + 2] = sampled
             return
+        logits = self.model.compute_logits(hidden)
         for j in range(int(depth.max(initial=-1)) + 1):
             here = np.flatnonzero(depth == j)
             index = torch.from_numpy(here).to(self.device)

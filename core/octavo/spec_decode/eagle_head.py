@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
@@ -77,18 +78,27 @@ class EagleHead(StackedDecoder, nn.Module):
         """The target's token embedding (the head reads it; attached)."""
         return self._target.model.embed_tokens
 
+    @property
+    def lm_head(self) -> nn.Module:
+        """The target's LM head (it scores the head's predictions; attached)."""
+        return self._target.lm_head
+
     def forward(self, input_ids, hidden_states, positions, attn_metadata) -> torch.Tensor:
         """The predicted hidden states (after the norm) for the positions after ``positions``,
         from the tokens there (``input_ids``) and the hidden states at ``positions``."""
-        if self._one_call():
-            return self.head_pass(input_ids, hidden_states, positions, attn_metadata)
+        one_call = self.one_call()
+        if one_call is not None:
+            return one_call(input_ids, hidden_states, positions, attn_metadata)
         embeds, hidden = self.inputs(input_ids, hidden_states)
         return self.predict(embeds, hidden, positions, attn_metadata)
 
-    def _one_call(self) -> bool:
-        """Whether the platform's one-call forward runs: where it has one, except under a
-        dispatch mode (the start-up profile run counts the modules' allocations)."""
-        return self.head_pass is not None and not is_in_torch_dispatch_mode()
+    def one_call(self, method: Optional[str] = None) -> Optional[Callable[..., Any]]:
+        """The platform's one-call forward of the head (or its ``method``, where it has that)
+        when it runs: where the platform has one, except under a dispatch mode (the start-up
+        profile run counts the modules' allocations)."""
+        if self.head_pass is None or is_in_torch_dispatch_mode():
+            return None
+        return self.head_pass if method is None else getattr(self.head_pass, method, None)
 
     def inputs(self, input_ids, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
         """``(embeddings, hidden states)`` as ``fc`` reads them."""
@@ -103,6 +113,14 @@ class EagleHead(StackedDecoder, nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self._target.compute_logits(hidden_states)
+
+    def greedy_drafts(self, hidden_states: torch.Tensor, argmax) -> np.ndarray:
+        """Each row's argmax of the target's logits from ``hidden_states`` (greedy drafts), on
+        the host: the platform's one call where it has one, else ``argmax(logits)``."""
+        one_call = self.one_call("greedy_drafts")
+        if one_call is not None:
+            return one_call(hidden_states).numpy()
+        return argmax(self.compute_logits(hidden_states))
 
     def _skip(self, name: str) -> bool:
         return "rotary_emb.inv_freq" in name

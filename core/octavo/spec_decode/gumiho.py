@@ -84,6 +84,9 @@ class GumihoHead(EagleHead):
         """``[count, R, H]``: the first ``count`` MLP heads' predictions from the last serial
         drafts ``last_drafts [R]`` and the serial head's hidden states after them, head by head
         (each reads the same ``[embedding, hidden]``)."""
+        one_call = self.one_call("draft_in_parallel")
+        if one_call is not None:
+            return one_call(last_drafts, hidden_states, count)
         inputs = torch.cat(self.inputs(last_drafts, hidden_states), dim=-1)
         return torch.stack([head(inputs) for head in self.parallel_heads[:count]])
 
@@ -117,9 +120,9 @@ class GumihoProposer(EagleProposer):
         predicted = self.model.draft_in_parallel(last, hidden, int(more.max()))  # [J, R', H]
         row, depth = ragged_index(more)  # the drafts each row still wants
         wanted = torch.from_numpy(depth * len(active) + row).to(self.device)
-        logits = self.model.compute_logits(predicted.flatten(0, 1).index_select(0, wanted))
+        scored = predicted.flatten(0, 1).index_select(0, wanted)  # one LM-head product
         at = positions[active[row]] + serial + depth
-        self._sample_in_order(context, active[row], depth, serial, at, logits, drafts, probs)
+        self._sample_in_order(context, active[row], depth, serial, at, scored, drafts, probs)
 
 
 def check_gumiho_head(head, target, num_speculative_tokens: int) -> None:

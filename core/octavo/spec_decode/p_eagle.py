@@ -43,8 +43,9 @@ class ParallelEagleHead(EagleHead):
         """As EAGLE's, with the tokens where ``masked [T]`` (bool) is set reading the mask
         embedding and hidden state instead of theirs: ``hidden_states`` then holds the other
         tokens' rows only, in order."""
-        if self._one_call():
-            return self.head_pass(input_ids, hidden_states, positions, attn_metadata, masked)
+        one_call = self.one_call()
+        if one_call is not None:
+            return one_call(input_ids, hidden_states, positions, attn_metadata, masked)
         if masked is None:
             embeds, hidden = self.inputs(input_ids, hidden_states)
             return self.predict(embeds, hidden, positions, attn_metadata)
@@ -87,9 +88,9 @@ class ParallelEagleProposer(EagleProposer):
         last = np.cumsum(counts) - counts + verified.counts - 1  # each row's last verified one
         draft_row, depth = ragged_index(num_drafts)
         wanted = torch.from_numpy(last[draft_row] + depth).to(self.device)
-        logits = self.model.compute_logits(predicted.index_select(0, wanted))  # one matmul
         at = verified.last[draft_row] + depth
-        self._sample_in_order(context, draft_row, depth, 0, at, logits, drafts, probs)
+        scored = predicted.index_select(0, wanted)  # one LM-head product scores them all
+        self._sample_in_order(context, draft_row, depth, 0, at, scored, drafts, probs)
 
 
 def _tensor_names(folder: Path) -> set[str]:

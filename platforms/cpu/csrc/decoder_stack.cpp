@@ -10,54 +10,18 @@
 // projections (pack_linear_weight); the final norm's weight comes last.
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <vector>
 
-#ifndef OCTAVO_CPU_NAMESPACE
-#error "OCTAVO_CPU_NAMESPACE must name the op namespace of this build (one per ISA)"
-#endif
-
-#define OCTAVO_CPU_STR2(x) #x
-#define OCTAVO_CPU_STR(x) OCTAVO_CPU_STR2(x)
+#include "own_kernels.h"
 
 namespace {
 
+using own_kernels::Kernels;
+using own_kernels::kernels;
+
 constexpr int64_t kTensorsPerLayer = 7;
-
-using LinearFn = void(at::Tensor, const at::Tensor&, const at::Tensor&);
-using RmsNormFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, double);
-using FusedAddRmsNormFn = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&,
-                               const at::Tensor&, double);
-using RotaryFn = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, int64_t);
-using SiluAndMulFn = void(at::Tensor, const at::Tensor&, const at::Tensor&);
-using PagedAttentionFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              const at::Tensor&, double, int64_t, int64_t);
-
-template <typename Fn>
-c10::TypedOperatorHandle<Fn> find_op(const char* name) {
-  const std::string full = std::string(OCTAVO_CPU_STR(OCTAVO_CPU_NAMESPACE)) + "::" + name;
-  return c10::Dispatcher::singleton().findSchemaOrThrow(full.c_str(), "").typed<Fn>();
-}
-
-// The library's own ops, looked up once (they register when the library loads).
-struct Kernels {
-  c10::TypedOperatorHandle<LinearFn> linear = find_op<LinearFn>("linear");
-  c10::TypedOperatorHandle<RmsNormFn> rms_norm = find_op<RmsNormFn>("rms_norm");
-  c10::TypedOperatorHandle<FusedAddRmsNormFn> fused_add_rms_norm =
-      find_op<FusedAddRmsNormFn>("fused_add_rms_norm");
-  c10::TypedOperatorHandle<RotaryFn> rotary = find_op<RotaryFn>("rotary_embedding");
-  c10::TypedOperatorHandle<SiluAndMulFn> silu_and_mul = find_op<SiluAndMulFn>("silu_and_mul");
-  c10::TypedOperatorHandle<PagedAttentionFn> paged_attention =
-      find_op<PagedAttentionFn>("paged_attention");
-};
-
-const Kernels& kernels() {
-  static const Kernels k;
-  return k;
-}
 
 struct Step {
   const at::Tensor& cos;

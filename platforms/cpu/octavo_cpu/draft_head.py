@@ -1,4 +1,5 @@
-"""An EAGLE-family draft head's forward in two compiled calls (``octavo_draft_head``).
+"""An EAGLE-family draft head's forward in two compiled calls (``octavo_draft_head``), and a
+Gumiho head's parallel MLP heads in one.
 
 The head's modules make a pass of a few tokens from a dozen torch calls before its layer (the
 target's embedding lookup, a P-EAGLE head's two ``where``s over its masked slots, the
@@ -6,11 +7,13 @@ concatenation, ``fc``, two rotary-table lookups), each costing more than its ari
 batch-1 step: ~110 us of a ~370 us head pass of the demo model, against ~25 us of kernels.
 ``draft_head_inputs`` (csrc/draft_head.cpp) makes the same pairs, ``fc`` and tables in one call,
 and the head's decoder stack (``octavo_cpu.decoder_stack``) runs the layer and the norm in
-another: bit for bit the modules' numbers (tests/platforms check it).
+another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call.
+Bit for bit the modules' numbers (tests/platforms check it).
 
-It applies where the head's layer runs as a decoder stack, ``fc`` is packed for the compiled
-GEMM, everything is float32 on one tensor-parallel rank, and the head reads its inputs as the
-EAGLE head does (not an MTP layer, which norms them first).
+It applies where the head's layer runs as a decoder stack, every linear is packed for the
+compiled GEMM, everything is float32 on one tensor-parallel rank, and the head reads its inputs
+as the EAGLE head does (not an MTP layer, which norms them first); the MLP heads where theirs
+are packed too.
 """
 
 from __future__ import annotations
@@ -28,9 +31,14 @@ logger = logging.getLogger(__name__)
 
 
 class DraftHeadPass:
-    """``fn(input_ids, hidden_states, positions, attn_metadata, masked=None) -> hidden``."""
+    """``fn(input_ids, hidden_states, positions, attn_metadata, masked=None) -> hidden``, and
+    ``greedy_drafts(hidden_states) -> int64 [R]`` (the LM-head product and argmax in one
+    ``greedy_tokens`` call)."""
 
     def __init__(self, head: Any, fc_packed: torch.Tensor, ops: Any):
+        self._greedy_op = ops.greedy_tokens.default
+        self._lm_head = _packed_lm_head(head)
+        self._vocab = head.embed_tokens.num_embeddings
         self._op = ops.draft_head_inputs.default
         self._run_layers = head.run_layers  # its decoder stack
         self._embedding = head.embed_tokens.weight.detach()
@@ -56,38 +64,71 @@ class DraftHeadPass:
         )
         return self._run_layers(x, (cos, sin), metadata)
 
+    def greedy_drafts(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(hidden_states.shape[0], dtype=torch.int64)
+        self._greedy_op(out, hidden_states, self._lm_head, self._vocab)
+        return out
+
+
+class GumihoHeadPass(DraftHeadPass):
+    """A Gumiho head's: its serial head's forward, and ``draft_in_parallel``."""
+
+    def __init__(self, head: Any, fc_packed: torch.Tensor, ops: Any):
+        super().__init__(head, fc_packed, ops)
+        self._mlp_op = ops.draft_mlp_heads.default
+        self._mlp_weights = [t for mlp_head in head.parallel_heads for t in _mlp_tensors(mlp_head)]
+        first = head.parallel_heads[0]
+        self._intermediate_size = first.mlp.gate_up_proj.shard_sizes[0]
+        self._eps = first.norm.eps
+
+    def draft_in_parallel(self, last_drafts, hidden_states, count: int) -> torch.Tensor:
+        """``[count, R, H]``, as ``GumihoHead.draft_in_parallel``."""
+        return self._mlp_op(
+            last_drafts,
+            hidden_states.contiguous(),
+            self._embedding,
+            self._mlp_weights,
+            self._intermediate_size,
+            self._eps,
+            count,
+        )
+
 
 def make_draft_head(head: Any, ops: Any) -> Optional[DraftHeadPass]:
-    """The one-call forward of ``head``, or None where it does not apply (the reason is logged
-    at debug level)."""
+    """The one-call forward of ``head`` (with a Gumiho head's MLP heads in one more where they
+    fit), or None where it does not apply (the reason is logged at debug level)."""
     why = _unfit(head, ops)
     if why is not None:
         logger.debug("the draft head runs as modules: %s", why)
         return None
-    return DraftHeadPass(
-        head, head.fc.quant_method.product_for(0, head.fc.weight.shape[0]).packed, ops
-    )
+    fc_packed = _packed(head.fc)
+    mlp_heads = getattr(head, "parallel_heads", None)
+    if mlp_heads is None:
+        return DraftHeadPass(head, fc_packed, ops)
+    why = _mlp_heads_unfit(mlp_heads, ops)
+    if why is not None:
+        logger.debug("the MLP heads run as modules: %s", why)
+        return DraftHeadPass(head, fc_packed, ops)
+    return GumihoHeadPass(head, fc_packed, ops)
 
 
 def _unfit(head: Any, ops: Any) -> Optional[str]:
-    if ops is None or not hasattr(ops, "draft_head_inputs"):
-        return "no compiled draft_head_inputs kernel"
+    if ops is None or not all(hasattr(ops, op) for op in ("draft_head_inputs", "greedy_tokens")):
+        return "no compiled draft_head_inputs or greedy_tokens kernel"
     if not isinstance(head, EagleHead):
         return f"{type(head).__name__} is not an EAGLE-family head"
-    if type(head).inputs is not EagleHead.inputs or type(head).predict is not EagleHead.predict:
-        return f"{type(head).__name__} reads or combines its inputs its own way"
+    methods = ("inputs", "predict", "compute_logits")
+    if any(getattr(type(head), m) is not getattr(EagleHead, m) for m in methods):
+        return f"{type(head).__name__} reads its inputs or scores its drafts its own way"
     if not isinstance(head.decoder_stack, DecoderStack):
         return "its layer does not run as a compiled decoder stack"
     embedding = head.embed_tokens
     if getattr(embedding, "tp", None) is None or embedding.tp.size != 1:
         return "a vocabulary split across tensor-parallel ranks"
-    fc = head.fc
-    method = getattr(fc, "quant_method", None)
-    if fc.bias is not None or not isinstance(method, PackedMatmul) or method.widened:
+    if _packed(head.fc) is None:
         return "fc is not packed for the compiled GEMM"
-    product = method.product_for(0, fc.weight.shape[0])
-    if getattr(product, "packed", None) is None:
-        return "fc is packed by another GEMM"
+    if _packed_lm_head(head) is None:
+        return "the target's LM head is not packed for the compiled GEMM on one rank"
     tensors = [embedding.weight, head.rotary_emb.cos_cache, head.rotary_emb.sin_cache]
     tensors += [
         t for t in (_parameter(head, n) for n in ("mask_embedding", "mask_hidden")) if t is not None
@@ -100,3 +141,55 @@ def _unfit(head: Any, ops: Any) -> Optional[str]:
 def _parameter(head: Any, name: str) -> Optional[torch.Tensor]:
     tensor = getattr(head, name, None)
     return None if tensor is None else tensor.detach()
+
+
+def _packed(linear: Any, start: int = 0, size: Optional[int] = None) -> Optional[torch.Tensor]:
+    """The compiled GEMM's packed weight of ``linear``'s rows ``start .. start + size`` (all
+    of them by default), or None where it has none (a bias, another GEMM, widened)."""
+    method = getattr(linear, "quant_method", None)
+    if linear.bias is not None or not isinstance(method, PackedMatmul) or method.widened:
+        return None
+    product = method.product_for(start, linear.weight.shape[0] if size is None else size)
+    return getattr(product, "packed", None)
+
+
+def _packed_lm_head(head: Any) -> Optional[torch.Tensor]:
+    """The compiled GEMM's packed weight of the target's LM head (the head's drafts are scored
+    by it), or None (widened, another GEMM, its vocabulary split across ranks)."""
+    lm_head = head.lm_head
+    if lm_head.tp.size != 1 or lm_head.widened_weight is not None:
+        return None
+    if lm_head.weight.dtype != torch.float32:
+        return None
+    return getattr(lm_head.packed, "packed", None)
+
+
+def _mlp_tensors(mlp_head: Any) -> list[Optional[torch.Tensor]]:
+    """An MLP head's 6 tensors in draft_mlp_heads' order: fc, mlp_norm, gate, up, down, norm."""
+    gate_up = mlp_head.mlp.gate_up_proj
+    (gate_start, up_start), (gate_size, up_size) = gate_up.shard_offsets, gate_up.shard_sizes
+    return [
+        _packed(mlp_head.fc),
+        mlp_head.mlp_norm.weight.detach(),
+        _packed(gate_up, gate_start, gate_size),
+        _packed(gate_up, up_start, up_size),
+        _packed(mlp_head.mlp.down_proj),
+        mlp_head.norm.weight.detach(),
+    ]
+
+
+def _mlp_heads_unfit(mlp_heads: Any, ops: Any) -> Optional[str]:
+    if not hasattr(ops, "draft_mlp_heads") or len(mlp_heads) == 0:
+        return "no compiled draft_mlp_heads kernel, or no MLP heads"
+    tensors = [t for mlp_head in mlp_heads for t in _mlp_tensors(mlp_head)]
+    if any(t is None for t in tensors):
+        return "a linear not packed for the compiled GEMM"
+    if any(t.dtype != torch.float32 for t in tensors):
+        return "the MLP heads compute in float32"
+    if len({h.mlp.gate_up_proj.shard_sizes for h in mlp_heads}) != 1:
+        return "the MLP heads differ in shape"
+    if len({norm.eps for h in mlp_heads for norm in (h.mlp_norm, h.norm)}) != 1:
+        return "the MLP heads' norms differ in eps"
+    if any(h.mlp.down_proj.tp.size != 1 for h in mlp_heads):
+        return "tensor parallelism"
+    return None
