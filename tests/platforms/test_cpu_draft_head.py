@@ -19,7 +19,7 @@ from octavo.testing.tiny_models import (
     write_tiny_model,
 )
 from octavo_cpu import kernels, plugin
-from octavo_cpu.draft_head import DraftHeadPass, GumihoHeadPass
+from octavo_cpu.draft_head import DRAFT_WEIGHTS_ENV, DraftHeadPass, GumihoHeadPass, draft_weights
 from octavo_cpu.rejection_sampler import greedy_verify, make_greedy_verify
 
 OPS = kernels.load_kernels().ops
@@ -77,8 +77,22 @@ class BothWays:
         self.calls.append(("pass", len(input_ids), any_masked, torch.equal(got, expected)))
         return expected
 
+    def _logits(self, hidden):
+        """The LM head the one call scores with: the target's, its weights rounded as the
+        head's are kept."""
+        weight = self.head.lm_head.weight.detach().to(draft_weights()).float()
+        logits = torch.empty(len(hidden), weight.shape[0])
+        OPS.linear(logits, hidden.contiguous(), OPS.pack_linear_weight(weight))
+        return logits
+
+    def compute_logits(self, hidden):
+        expected = self._logits(hidden)
+        got = self.one_call.compute_logits(hidden)
+        self.calls.append(("logits", len(hidden), False, torch.equal(got, expected)))
+        return expected
+
     def greedy_drafts(self, hidden):
-        expected = self.head.compute_logits(hidden).argmax(dim=-1)
+        expected = self._logits(hidden).argmax(dim=-1)
         got = self.one_call.greedy_drafts(hidden)
         self.calls.append(("greedy", len(hidden), False, torch.equal(got, expected)))
         return expected
@@ -132,6 +146,35 @@ def test_the_one_call_keeps_greedy_tokens_and_an_mtp_layer_runs_its_modules(targ
     mtp_target = add_random_mtp_layer(write_tiny_model(tmp_path / "mtp", TinyModelSpec()))
     mtp = make_llm(mtp_target, {"method": "mtp", "num_speculative_tokens": 2})
     assert mtp.engine.core.runner.speculation.proposer.model.head_pass is None  # norms its inputs
+
+
+@pytest.mark.parametrize("stored", ["bfloat16", "float32"])
+def test_the_heads_weights_are_kept_as_asked_and_the_output_does_not_change(
+    target, tmp_path, monkeypatch, stored
+):
+    monkeypatch.setenv(DRAFT_WEIGHTS_ENV, stored)
+    spec = heads(target, tmp_path)["gumiho"]
+    llm = make_llm(target, spec)
+    head = llm.engine.core.runner.speculation.proposer.model
+    products = [
+        layer.quant_method.product_for(0, layer.weight.shape[0]).packed
+        for layer in (head.fc, head.layers[0].self_attn.o_proj, head.parallel_heads[0].fc)
+    ]
+    assert {p.dtype for p in products} == {getattr(torch, stored)}
+    plain = LLM(
+        str(target),
+        kv_cache_memory="2MiB",
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=24,
+    )
+    assert generate(llm) == generate(plain)  # lossless whatever the drafts
+
+
+def test_an_unknown_draft_weight_dtype_is_refused(target, tmp_path, monkeypatch):
+    monkeypatch.setenv(DRAFT_WEIGHTS_ENV, "float16")
+    with pytest.raises(ValueError, match=DRAFT_WEIGHTS_ENV):
+        make_llm(target, heads(target, tmp_path)["eagle"])
 
 
 def test_the_torch_path_runs_the_heads_modules(target, tmp_path, monkeypatch):

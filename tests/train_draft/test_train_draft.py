@@ -47,9 +47,10 @@ def test_the_trained_head_sees_no_later_token(target):
     assert not torch.allclose(before[0, 8:], after[0, 8:])
 
 
-def test_the_engine_runs_the_head_that_was_trained(target, tmp_path):
+def test_the_engine_runs_the_head_that_was_trained(target, tmp_path, monkeypatch):
     """The same checkpoint in the trainer's module and the engine's EagleHead on the paged
     cache: the same predicted hidden states."""
+    monkeypatch.setenv("OCTAVO_CPU_DRAFT_WEIGHTS", "float32")  # the trained numbers
     head_dir = write_random_eagle_head(tmp_path / "head", target, seed=3)
     trained = _trainable(target, head_dir)
     llm = LLM(
@@ -111,9 +112,10 @@ def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
     assert losses(rerun["history"]) == losses(history[:2]) and rerun["acceptance"] is None
 
 
-def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path):
+def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path, monkeypatch):
     """A pass anchored at t in the engine (real positions up to t, then masked slots, causal on
     the paged cache) predicts what the trainer's all-anchors pass predicts for anchor t."""
+    monkeypatch.setenv("OCTAVO_CPU_DRAFT_WEIGHTS", "float32")  # the trained numbers
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -172,9 +174,10 @@ def test_a_short_p_eagle_run_writes_a_head_that_serves(target, tmp_path):
         assert {"mask_embedding", "mask_hidden"} <= set(head.keys())
 
 
-def test_the_engine_runs_the_gumiho_mlp_heads_that_were_trained(target, tmp_path):
+def test_the_engine_runs_the_gumiho_mlp_heads_that_were_trained(target, tmp_path, monkeypatch):
     """The same checkpoint in the trainer's MLP heads and the engine's: the same predictions
     from the same last drafts and hidden states."""
+    monkeypatch.setenv("OCTAVO_CPU_DRAFT_WEIGHTS", "float32")  # the trained numbers
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 

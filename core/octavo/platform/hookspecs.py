@@ -213,11 +213,14 @@ def octavo_draft_head(platform: PlatformInfo, head: Any) -> Optional[Any]:
     norm), with the numbers the head's modules give. With ``masked`` (bool ``[T]``, a P-EAGLE
     head's masked slots) the masked tokens read the head's ``mask_embedding`` and
     ``mask_hidden`` and ``hidden_states`` holds the other tokens' rows only, in order. The
-    result may also have ``greedy_drafts(hidden_states [R, hidden]) -> int64 [R]`` (each row's
-    argmax of the head's ``compute_logits``: its greedy drafts) and, for a Gumiho head
-    (``octavo.spec_decode.gumiho.GumihoHead``), ``draft_in_parallel(last_drafts, hidden_states,
-    count) -> [count, R, hidden]``, the head's own method, each in one call. None where it does
-    not apply to this head: it runs its modules.
+    result may also have ``compute_logits(hidden_states [R, hidden]) -> [R, vocab]`` (the head's
+    logits: the target's LM head, or a copy of it kept as the head's weights are),
+    ``greedy_drafts(hidden_states) -> int64 [R]`` (each row's argmax of those logits: the greedy
+    drafts) and, for a Gumiho head (``octavo.spec_decode.gumiho.GumihoHead``),
+    ``draft_in_parallel(last_drafts, hidden_states, count) -> [count, R, hidden]``, the head's
+    own method, each in one call. Its numbers are the modules', or a drafter's own (for example
+    over weights kept in a narrower dtype): drafts never reach the output, but every path of
+    one head must draft alike. None where it does not apply to this head: it runs its modules.
 
     Optional. Stops at the first non-None result. Called once per head after it is attached to
     its target (its linears packed and its decoder stack, if any, attached).

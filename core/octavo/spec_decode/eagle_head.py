@@ -112,6 +112,11 @@ class EagleHead(StackedDecoder, nn.Module):
         return self.run_layers(hidden, cos_sin, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The target's logits from the head's predictions: the target's LM head, or the
+        platform's one call (which may keep its own copy of it, as the head's weights)."""
+        one_call = self.one_call("compute_logits")
+        if one_call is not None:
+            return one_call(hidden_states)
         return self._target.compute_logits(hidden_states)
 
     def greedy_drafts(self, hidden_states: torch.Tensor, argmax) -> np.ndarray:

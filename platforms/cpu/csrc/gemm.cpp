@@ -1,4 +1,7 @@
-// Linear layers in float32: y[M, N] = x[M, K] @ W[N, K]^T over W packed once, at load.
+// Linear layers in float32: y[M, N] = x[M, K] @ W[N, K]^T over W packed once, at load. W is
+// stored in float32, or in bfloat16 for products that need not be exact (a draft head's: its
+// drafts never reach the output), widened exactly in registers: half the bytes to stream, the
+// same float32 sums.
 //
 // The packed weight is [P, K, NR]: panel p holds output columns [p * NR, p * NR + NR) (the last
 // one zero-padded), column-interleaved per k, so a panel streams through memory once, in order.
@@ -52,6 +55,11 @@ inline Reg load(const float* p) { return _mm512_loadu_ps(p); }
 inline void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
 inline Reg broadcast(float x) { return _mm512_set1_ps(x); }
 inline Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+// kLanes bfloat16 values widened to float32 exactly (a bfloat16 is a float's top 16 bits).
+inline Reg load(const at::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
 #else
 using Reg = __m256;
 constexpr int64_t kLanes = 8;
@@ -59,27 +67,32 @@ inline Reg load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
 inline Reg broadcast(float x) { return _mm256_set1_ps(x); }
 inline Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+inline Reg load(const at::BFloat16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
 #endif
 
 constexpr int64_t kPanel = 2 * kLanes;  // NR: output columns per panel
 constexpr int kRowTile = 6;             // 12 accumulators + 2 weight registers + 1 broadcast
 constexpr int64_t kGroupPanels = 4;     // panels per work item
 constexpr int64_t kChunkRows = 96;      // about as many rows per work item (they stay in L2)
-constexpr int64_t kLineFloats = 16;     // floats per 64-byte cache line
+constexpr int64_t kLineBytes = 64;      // a cache line
 
-// Ask for the cache lines of the panel row at `w` (kPanel floats) to be brought in ahead of use.
-inline void prefetch_panel_row(const float* w) {
-  for (int64_t c = 0; c < kPanel; c += kLineFloats) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + c), _MM_HINT_T1);
+// Ask for the cache lines of the panel row at `w` (kPanel weights) to be brought in ahead of use.
+template <typename W>
+inline void prefetch_panel_row(const W* w) {
+  for (int64_t c = 0; c < kPanel * static_cast<int64_t>(sizeof(W)); c += kLineBytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + c, _MM_HINT_T1);
   }
 }
 
 // R rows of x against NP consecutive panels at w; y gets the first `columns` of the tile's
 // NP * kPanel outputs (fewer at the weight's last panel). With two or more rows, the
 // `next_panels` panels at `next` (the next tile's) are prefetched on the way.
-template <int R, int NP>
-inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t columns,
-                 const float* next, int64_t next_panels) {
+template <int R, int NP, typename W>
+inline void tile(const float* x, int64_t K, const W* w, float* y, int64_t N, int64_t columns,
+                 const W* next, int64_t next_panels) {
   Reg acc[R][NP][2];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = broadcast(0.f);
@@ -121,8 +134,9 @@ inline void tile(const float* x, int64_t K, const float* w, float* y, int64_t N,
 
 // kRowTile rows of x packed as xt[K][kRowTile] (the broadcasts read one stream) against one
 // panel, prefetching the panel at `next` on the way unless it is null.
-inline void full_tile(const float* xt, int64_t K, const float* w, float* y, int64_t N,
-                      int64_t columns, const float* next) {
+template <typename W>
+inline void full_tile(const float* xt, int64_t K, const W* w, float* y, int64_t N,
+                      int64_t columns, const W* next) {
   Reg acc[kRowTile][2];
   for (int r = 0; r < kRowTile; ++r) acc[r][0] = acc[r][1] = broadcast(0.f);
   for (int64_t k = 0; k < K; ++k) {
@@ -153,17 +167,18 @@ constexpr int64_t panels_for(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 
 
 // `rows` (< kRowTile) rows against `np` panels, in tiles of panels_for(rows) panels; the
 // weight has `panels_after` more panels after them (a tile's prefetch may reach into those).
-void few_rows(int64_t rows, const float* x, int64_t K, const float* w, int64_t np, float* y,
+template <typename W>
+void few_rows(int64_t rows, const float* x, int64_t K, const W* w, int64_t np, float* y,
               int64_t N, int64_t columns, int64_t panels_after) {
   const int64_t step = panels_for(rows);
   for (int64_t p = 0; p < np; p += step) {
     const int64_t n = std::min(step, np - p);
-    const float* wp = w + p * K * kPanel;
-    const float* next = wp + n * K * kPanel;
+    const W* wp = w + p * K * kPanel;
+    const W* next = wp + n * K * kPanel;
     const int64_t next_panels = std::min(n, np - p - n + panels_after);
     float* yp = y + p * kPanel;
     const int64_t c = columns - p * kPanel;
-#define OCTAVO_TILE(R, NP) tile<R, NP>(x, K, wp, yp, N, c, next, next_panels)
+#define OCTAVO_TILE(R, NP) tile<R, NP, W>(x, K, wp, yp, N, c, next, next_panels)
     switch (rows * 8 + n) {
       case 1 * 8 + 4: OCTAVO_TILE(1, 4); break;
       case 1 * 8 + 3: OCTAVO_TILE(1, 3); break;
@@ -182,45 +197,45 @@ void few_rows(int64_t rows, const float* x, int64_t K, const float* w, int64_t n
   }
 }
 
-// packed[P, K, kPanel] from weight[N, K] (any floating dtype, widened to float32).
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2, "pack_linear_weight: weight must be [out_features, in_features]");
-  const int64_t N = weight.size(0), K = weight.size(1);
-  const int64_t P = (N + kPanel - 1) / kPanel;
-  const at::Tensor w = weight.to(at::kFloat).contiguous();
-  at::Tensor packed = at::zeros({P, K, kPanel}, w.options());
-  const float* src = w.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
+template <typename W>
+void pack_panels(const W* src, W* dst, int64_t N, int64_t K, int64_t P) {
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
-        const float* row = src + (p * kPanel + j) * K;
+        const W* row = src + (p * kPanel + j) * K;
         for (int64_t k = 0; k < K; ++k) dst[(p * K + k) * kPanel + j] = row[k];
       }
     }
   });
+}
+
+// packed[P, K, kPanel] from weight[N, K] (any floating dtype), stored as `stored`: float32
+// (the weight widened), or bfloat16 (rounded to nearest even: a draft head's weights, whose
+// products need not be exact and stream half the bytes).
+at::Tensor pack_weight(const at::Tensor& weight, at::ScalarType stored) {
+  TORCH_CHECK(weight.dim() == 2, "pack_linear_weight: weight must be [out_features, in_features]");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t P = (N + kPanel - 1) / kPanel;
+  const at::Tensor w = weight.to(stored).contiguous();
+  at::Tensor packed = at::zeros({P, K, kPanel}, w.options());
+  if (stored == at::kBFloat16) {
+    pack_panels(w.data_ptr<at::BFloat16>(), packed.data_ptr<at::BFloat16>(), N, K, P);
+  } else {
+    pack_panels(w.data_ptr<float>(), packed.data_ptr<float>(), N, K, P);
+  }
   return packed;
 }
 
-// out[M, N] = x[M, K] @ weight^T, weight given packed (pack_linear_weight).
-void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
-  TORCH_CHECK(x.dim() == 2 && out.dim() == 2, "linear: x and out must be 2-D");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
-                  packed.scalar_type() == at::kFloat,
-              "linear: float32 x, out and packed weight");
-  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && packed.is_contiguous(),
-              "linear: contiguous x, out and packed weight");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel,
-              "linear: the weight was packed by another build (panel width ", packed.size(2),
-              ", this one ", kPanel, ")");
-  const int64_t M = x.size(0), K = x.size(1), N = out.size(1), P = packed.size(0);
-  TORCH_CHECK(packed.size(1) == K && out.size(0) == M && (N + kPanel - 1) / kPanel == P,
-              "linear: x [", M, ", ", K, "], out [", M, ", ", N, "] and the packed weight ",
-              packed.sizes(), " do not match");
-  if (M == 0 || N == 0) return;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* yp = out.data_ptr<float>();
+at::Tensor pack_linear_weight(const at::Tensor& weight) { return pack_weight(weight, at::kFloat); }
+
+at::Tensor pack_linear_weight_bf16(const at::Tensor& weight) {
+  return pack_weight(weight, at::kBFloat16);
+}
+
+// out[M, N] = x[M, K] @ W^T over W packed as `wp` (float32 or bfloat16 weights, float32 sums).
+template <typename W>
+void packed_product(const float* xp, const W* wp, float* yp, int64_t M, int64_t K, int64_t N,
+                    int64_t P) {
   // Rows in chunks of about kChunkRows (equal ones, whole row tiles), panels in groups; the
   // threads claim (chunk, group) items in turn, so an uneven split costs at most one item.
   const int64_t chunks = (M + kChunkRows - 1) / kChunkRows;
@@ -262,7 +277,7 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
       const int64_t full = m0 + (m1 - m0) / kRowTile * kRowTile;
       for (int64_t p = p0; p < p0 + np; ++p) {  // each panel stays in L1 across the row tiles
         for (int64_t m = m0; m < full; m += kRowTile) {
-          const float* next = m == m0 && p + 1 < P ? wp + (p + 1) * K * kPanel : nullptr;
+          const W* next = m == m0 && p + 1 < P ? wp + (p + 1) * K * kPanel : nullptr;
           full_tile(xt + m * K, K, wp + p * K * kPanel, yp + m * N + p * kPanel, N,
                     N - p * kPanel, next);
         }
@@ -273,6 +288,32 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
       }
     }
   });
+}
+
+// out[M, N] = x[M, K] @ weight^T, weight given packed (pack_linear_weight or, for bfloat16
+// weights, pack_linear_weight_bf16).
+void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2, "linear: x and out must be 2-D");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16),
+              "linear: float32 x and out, a float32 or bfloat16 packed weight");
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && packed.is_contiguous(),
+              "linear: contiguous x, out and packed weight");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel,
+              "linear: the weight was packed by another build (panel width ", packed.size(2),
+              ", this one ", kPanel, ")");
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1), P = packed.size(0);
+  TORCH_CHECK(packed.size(1) == K && out.size(0) == M && (N + kPanel - 1) / kPanel == P,
+              "linear: x [", M, ", ", K, "], out [", M, ", ", N, "] and the packed weight ",
+              packed.sizes(), " do not match");
+  if (M == 0 || N == 0) return;
+  const float* xp = x.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  if (packed.scalar_type() == at::kBFloat16) {
+    packed_product(xp, packed.data_ptr<at::BFloat16>(), yp, M, K, N, P);
+  } else {
+    packed_product(xp, packed.data_ptr<float>(), yp, M, K, N, P);
+  }
 }
 
 // The kernels' work pool yields between jobs (see WorkPool::set_yield_between_jobs): on from the
@@ -288,7 +329,9 @@ TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
   m.def("set_work_pool_yield(bool on) -> bool");
   m.impl("set_work_pool_yield", &set_work_pool_yield);
   m.def("pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("pack_linear_weight_bf16(Tensor weight) -> Tensor");
   m.def("linear(Tensor(a!) out, Tensor x, Tensor packed) -> ()");
   m.impl("pack_linear_weight", c10::DispatchKey::CPU, &pack_linear_weight);
+  m.impl("pack_linear_weight_bf16", c10::DispatchKey::CPU, &pack_linear_weight_bf16);
   m.impl("linear", c10::DispatchKey::CPU, &linear);
 }

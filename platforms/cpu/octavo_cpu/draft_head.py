@@ -19,14 +19,19 @@ are packed too.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional
 
 import torch
 
 from octavo.models.layers.packed import PackedMatmul
 from octavo.spec_decode.eagle_head import EagleHead
-from octavo_cpu.decoder_stack import DecoderStack
+from octavo_cpu.decoder_stack import DecoderStack, make_decoder_stack
+from octavo_cpu.gemm import compiled_packer
 
+DRAFT_WEIGHTS_ENV = "OCTAVO_CPU_DRAFT_WEIGHTS"
+DRAFT_WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DEFAULT_DRAFT_WEIGHTS = "bfloat16"
 logger = logging.getLogger(__name__)
 
 
@@ -35,16 +40,19 @@ class DraftHeadPass:
     ``greedy_drafts(hidden_states) -> int64 [R]`` (the LM-head product and argmax in one
     ``greedy_tokens`` call)."""
 
-    def __init__(self, head: Any, fc_packed: torch.Tensor, ops: Any):
+    def __init__(self, head: Any, ops: Any, stored: torch.dtype):
         self._greedy_op = ops.greedy_tokens.default
-        self._lm_head = _packed_lm_head(head)
+        self._linear = ops.linear.default
+        self._lm_head = _packed_lm_head(head)  # the target's, or a bfloat16 copy
+        if stored == torch.bfloat16:
+            self._lm_head = ops.pack_linear_weight_bf16(head.lm_head.weight.detach())
         self._vocab = head.embed_tokens.num_embeddings
         self._op = ops.draft_head_inputs.default
         self._run_layers = head.run_layers  # its decoder stack
         self._embedding = head.embed_tokens.weight.detach()
         self._mask_embedding = _parameter(head, "mask_embedding")
         self._mask_hidden = _parameter(head, "mask_hidden")
-        self._fc = fc_packed
+        self._fc = _packed(head.fc)
         self._fc_out = head.fc.weight.shape[0]
         self._cos, self._sin = head.rotary_emb.cos_cache, head.rotary_emb.sin_cache
 
@@ -64,6 +72,11 @@ class DraftHeadPass:
         )
         return self._run_layers(x, (cos, sin), metadata)
 
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(hidden_states.shape[0], self._vocab)
+        self._linear(out, hidden_states.contiguous(), self._lm_head)
+        return out
+
     def greedy_drafts(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = torch.empty(hidden_states.shape[0], dtype=torch.int64)
         self._greedy_op(out, hidden_states, self._lm_head, self._vocab)
@@ -73,8 +86,8 @@ class DraftHeadPass:
 class GumihoHeadPass(DraftHeadPass):
     """A Gumiho head's: its serial head's forward, and ``draft_in_parallel``."""
 
-    def __init__(self, head: Any, fc_packed: torch.Tensor, ops: Any):
-        super().__init__(head, fc_packed, ops)
+    def __init__(self, head: Any, ops: Any, stored: torch.dtype):
+        super().__init__(head, ops, stored)
         self._mlp_op = ops.draft_mlp_heads.default
         self._mlp_weights = [t for mlp_head in head.parallel_heads for t in _mlp_tensors(mlp_head)]
         first = head.parallel_heads[0]
@@ -94,22 +107,47 @@ class GumihoHeadPass(DraftHeadPass):
         )
 
 
+def draft_weights() -> torch.dtype:
+    """``OCTAVO_CPU_DRAFT_WEIGHTS``, checked: the dtype a draft head's packed weights keep."""
+    raw = os.environ.get(DRAFT_WEIGHTS_ENV, DEFAULT_DRAFT_WEIGHTS).strip().lower()
+    if raw not in DRAFT_WEIGHT_DTYPES:
+        raise ValueError(
+            f"{DRAFT_WEIGHTS_ENV}={raw!r}: use {' or '.join(DRAFT_WEIGHT_DTYPES)} (the dtype a "
+            "draft head's weights are kept in; its products are float32 either way)"
+        )
+    return DRAFT_WEIGHT_DTYPES[raw]
+
+
 def make_draft_head(head: Any, ops: Any) -> Optional[DraftHeadPass]:
     """The one-call forward of ``head`` (with a Gumiho head's MLP heads in one more where they
-    fit), or None where it does not apply (the reason is logged at debug level)."""
+    fit), or None where it does not apply (the reason is logged at debug level). Where it
+    applies, the head's linears are packed again with their weights in ``draft_weights()``."""
     why = _unfit(head, ops)
     if why is not None:
         logger.debug("the draft head runs as modules: %s", why)
         return None
-    fc_packed = _packed(head.fc)
+    stored = draft_weights()
+    if stored != torch.float32:
+        _repack(head, ops, stored)
     mlp_heads = getattr(head, "parallel_heads", None)
     if mlp_heads is None:
-        return DraftHeadPass(head, fc_packed, ops)
+        return DraftHeadPass(head, ops, stored)
     why = _mlp_heads_unfit(mlp_heads, ops)
     if why is not None:
         logger.debug("the MLP heads run as modules: %s", why)
-        return DraftHeadPass(head, fc_packed, ops)
-    return GumihoHeadPass(head, fc_packed, ops)
+        return DraftHeadPass(head, ops, stored)
+    return GumihoHeadPass(head, ops, stored)
+
+
+def _repack(head: Any, ops: Any, stored: torch.dtype) -> None:
+    """Pack the head's linears (its layer's, ``fc``, any MLP heads') again with their weights
+    kept in ``stored``, and its decoder stack over them; the LM-head copy its greedy drafts are
+    scored by is packed the same way (``DraftHeadPass``)."""
+    pack = compiled_packer(torch.float32, stored=stored)
+    for layer in head.modules():
+        if isinstance(getattr(layer, "quant_method", None), PackedMatmul):
+            layer.quant_method = PackedMatmul(layer, pack)
+    head.decoder_stack = make_decoder_stack(head.layers, head.norm, ops)
 
 
 def _unfit(head: Any, ops: Any) -> Optional[str]:
@@ -184,7 +222,8 @@ def _mlp_heads_unfit(mlp_heads: Any, ops: Any) -> Optional[str]:
     tensors = [t for mlp_head in mlp_heads for t in _mlp_tensors(mlp_head)]
     if any(t is None for t in tensors):
         return "a linear not packed for the compiled GEMM"
-    if any(t.dtype != torch.float32 for t in tensors):
+    norms = [n.weight for h in mlp_heads for n in (h.mlp_norm, h.norm)]
+    if any(n.dtype != torch.float32 for n in norms):
         return "the MLP heads compute in float32"
     if len({h.mlp.gate_up_proj.shard_sizes for h in mlp_heads}) != 1:
         return "the MLP heads differ in shape"

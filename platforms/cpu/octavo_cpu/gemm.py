@@ -78,19 +78,24 @@ def describe_gemm() -> str:
 
 
 def compiled_packer(
-    dtype: torch.dtype, widened: tuple[torch.dtype, ...] = ()
+    dtype: torch.dtype, widened: tuple[torch.dtype, ...] = (), stored: torch.dtype = torch.float32
 ) -> Optional[LinearPacker]:
     """The compiled kernel's packer for ``dtype``, or None where it does not run (no compiled
-    kernels, or a dtype it does not compute in float32)."""
+    kernels, or a dtype it does not compute in float32). ``stored`` bfloat16 keeps the packed
+    weights rounded to bfloat16 (products in float32 over them: a draft head's, see
+    ``octavo_cpu.draft_head``)."""
     ops = load_kernels().ops
     if ops is None or (dtype != torch.float32 and dtype not in widened):
         return None
+    pack_weight = (
+        ops.pack_linear_weight_bf16 if stored == torch.bfloat16 else ops.pack_linear_weight
+    )
 
     linear = ops.linear.default  # the overload itself: the packet's lookup costs ~1 us a call
     f32 = torch.float32
 
     def pack(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        packed = ops.pack_linear_weight(weight)
+        packed = pack_weight(weight)
         out_features, in_features = weight.shape
 
         def product(x: torch.Tensor) -> torch.Tensor:
