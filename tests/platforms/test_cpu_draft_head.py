@@ -19,7 +19,13 @@ from octavo.testing.tiny_models import (
     write_tiny_model,
 )
 from octavo_cpu import kernels, plugin
-from octavo_cpu.draft_head import DRAFT_WEIGHTS_ENV, DraftHeadPass, GumihoHeadPass, draft_weights
+from octavo_cpu.draft_head import (
+    DRAFT_WEIGHTS_ENV,
+    DraftHeadPass,
+    GumihoHeadPass,
+    describe_draft_weights,
+    draft_weights,
+)
 from octavo_cpu.rejection_sampler import greedy_verify, make_greedy_verify
 
 OPS = kernels.load_kernels().ops
@@ -173,6 +179,7 @@ def test_the_heads_weights_are_kept_as_asked_and_the_output_does_not_change(
 
 def test_an_unknown_draft_weight_dtype_is_refused(target, tmp_path, monkeypatch):
     monkeypatch.setenv(DRAFT_WEIGHTS_ENV, "float16")
+    assert describe_draft_weights().startswith(f"not usable: {DRAFT_WEIGHTS_ENV}='float16'")
     with pytest.raises(ValueError, match=DRAFT_WEIGHTS_ENV):
         make_llm(target, heads(target, tmp_path)["eagle"])
 

@@ -118,6 +118,17 @@ def draft_weights() -> torch.dtype:
     return DRAFT_WEIGHT_DTYPES[raw]
 
 
+def describe_draft_weights() -> str:
+    """How a draft head's weights are kept, for ``octavo env``."""
+    try:
+        stored = draft_weights()
+    except ValueError as exc:
+        return f"not usable: {exc}"
+    if stored == torch.float32:
+        return f"float32 weights ({DRAFT_WEIGHTS_ENV})"
+    return f"bfloat16 weights, float32 products ({DRAFT_WEIGHTS_ENV}=float32 keeps float32)"
+
+
 def make_draft_head(head: Any, ops: Any) -> Optional[DraftHeadPass]:
     """The one-call forward of ``head`` (with a Gumiho head's MLP heads in one more where they
     fit), or None where it does not apply (the reason is logged at debug level). Where it

@@ -21,7 +21,7 @@ from octavo_cpu.activation import make_silu_and_mul
 from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.compiled_graph import CompiledForward, compile_cache_dir
 from octavo_cpu.decoder_stack import make_decoder_stack
-from octavo_cpu.draft_head import make_draft_head
+from octavo_cpu.draft_head import describe_draft_weights, make_draft_head
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.rejection_sampler import make_greedy_verify, rejection_sample
@@ -50,7 +50,7 @@ def octavo_platform_detect() -> PlatformInfo:
         reason=(
             f"always available: torch {torch.__version__} on {psutil.cpu_count()} CPU cores; "
             f"kernels: {describe_kernels()}; GEMM: {describe_gemm()}; "
-            f"threads: {describe_threads()}"
+            f"threads: {describe_threads()}; draft heads: {describe_draft_weights()}"
         ),
     )
 
