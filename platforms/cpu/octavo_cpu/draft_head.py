@@ -1,5 +1,5 @@
-"""An EAGLE-family draft head's forward in two compiled calls (``octavo_draft_head``), and a
-Gumiho head's parallel MLP heads in one.
+"""An EAGLE-family draft head's forward in two compiled calls (``octavo_draft_head``); its
+logits, its greedy drafts and a Gumiho head's parallel MLP heads in one call each.
 
 The head's modules make a pass of a few tokens from a dozen torch calls before its layer (the
 target's embedding lookup, a P-EAGLE head's two ``where``s over its masked slots, the
@@ -7,13 +7,20 @@ concatenation, ``fc``, two rotary-table lookups), each costing more than its ari
 batch-1 step: ~110 us of a ~370 us head pass of the demo model, against ~25 us of kernels.
 ``draft_head_inputs`` (csrc/draft_head.cpp) makes the same pairs, ``fc`` and tables in one call,
 and the head's decoder stack (``octavo_cpu.decoder_stack``) runs the layer and the norm in
-another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call.
-Bit for bit the modules' numbers (tests/platforms check it).
+another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call,
+greedy drafts (the LM-head product and the argmax) in one ``greedy_tokens`` call. Bit for bit
+the modules' numbers (tests/platforms check it).
+
+Unless ``OCTAVO_CPU_DRAFT_WEIGHTS=float32``, the head's linears are packed again over bfloat16
+weights (multiplied in float32, csrc/gemm.cpp), its modules' and its one call's alike, and its
+drafts are scored by a bfloat16 copy of the target's LM head (half the LM head's float32 size
+more memory): drafts never reach the output, and a batch-1 head pass streams half the bytes
+(the demo model's heads accept within 0.2% of their float32 figures; BENCHMARKS.md).
 
 It applies where the head's layer runs as a decoder stack, every linear is packed for the
 compiled GEMM, everything is float32 on one tensor-parallel rank, and the head reads its inputs
-as the EAGLE head does (not an MTP layer, which norms them first); the MLP heads where theirs
-are packed too.
+and scores its drafts as the EAGLE head does (not an MTP layer, which norms them first); the MLP
+heads where theirs are packed too. Elsewhere the head runs its modules over float32 weights.
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ logger = logging.getLogger(__name__)
 
 
 class DraftHeadPass:
-    """``fn(input_ids, hidden_states, positions, attn_metadata, masked=None) -> hidden``, and
-    ``greedy_drafts(hidden_states) -> int64 [R]`` (the LM-head product and argmax in one
-    ``greedy_tokens`` call)."""
+    """``fn(input_ids, hidden_states, positions, attn_metadata, masked=None) -> hidden``,
+    ``compute_logits(hidden_states) -> [R, vocab]`` and ``greedy_drafts(hidden_states) -> int64
+    [R]`` (the LM-head product and the argmax in one ``greedy_tokens`` call)."""
 
     def __init__(self, head: Any, ops: Any, stored: torch.dtype):
         self._greedy_op = ops.greedy_tokens.default

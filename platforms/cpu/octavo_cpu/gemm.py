@@ -3,10 +3,12 @@
 Three ways, chosen by ``OCTAVO_CPU_GEMM`` (default: the first this host has for the dtype):
 
 - ``compiled``: the platform's own kernel (csrc/gemm.cpp) over float32 weights packed into
-  column panels. Its sums run in one fixed order per output, so a row's result does not depend
-  on the batch around it. For a model whose dtype this CPU has no native matmul for (bfloat16
-  without AVX512-BF16: ``Capabilities.widened_matmul_dtypes``) the weights are packed widened to
-  float32 and each product is rounded back, the numbers ``octavo.models.layers.widen`` gives.
+  column panels (a draft head's kept in bfloat16 and widened in registers:
+  ``octavo_cpu.draft_head``). Its sums run in one fixed order per output, so a row's result
+  does not depend on the batch around it. For a model whose dtype this CPU has no native
+  matmul for (bfloat16 without AVX512-BF16: ``Capabilities.widened_matmul_dtypes``) the
+  weights are packed widened to float32 and each product is rounded back, the numbers
+  ``octavo.models.layers.widen`` gives.
   On the decode steps' few rows it streams the weights x1.2-x1.8 faster than oneDNN does, and
   it keeps up with oneDNN on prefill's many rows (benchmarks/cpu_gemm.py).
 - ``onednn``: ``torch.ops.mkldnn._reorder_linear_weight`` lays a weight out in oneDNN's blocked
