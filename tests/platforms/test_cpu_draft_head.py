@@ -142,13 +142,36 @@ def test_the_one_call_gives_the_modules_hidden_states_bit_for_bit(target, tmp_pa
         assert any(kind == "mlp" for kind, *_ in calls), "no MLP heads' drafts"
 
 
-def test_the_one_call_keeps_greedy_tokens_and_an_mtp_layer_runs_its_modules(target, tmp_path):
-    spec = heads(target, tmp_path)["p-eagle"]
+def drafts_of_a_run(llm: LLM) -> list:
+    """Every proposal of a greedy run of PROMPTS, and its tokens."""
+    proposer = llm.engine.core.runner.speculation.proposer
+    drafted = []
+
+    def recorded(context, propose=proposer.propose):
+        drafts, num_drafts = propose(context)
+        drafted.append([row[:n].tolist() for row, n in zip(drafts, num_drafts)])
+        return drafts, num_drafts
+
+    proposer.propose = recorded
+    return [generate(llm), drafted]
+
+
+@pytest.mark.parametrize("method", ["eagle", "p-eagle", "gumiho"])
+def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
+    target, tmp_path, monkeypatch, method
+):
+    """Over float32 weights both paths score with the target's own LM head: a run drafts the
+    same tokens step for step (the head's KV the one call writes is the modules')."""
+    monkeypatch.setenv(DRAFT_WEIGHTS_ENV, "float32")
+    spec = heads(target, tmp_path)[method]
     with_one_call = make_llm(target, spec)
     modules = make_llm(target, spec)
     modules.engine.core.runner.speculation.proposer.model.head_pass = None
-    assert generate(with_one_call) == generate(modules)
+    one_call_run, modules_run = drafts_of_a_run(with_one_call), drafts_of_a_run(modules)
+    assert len(one_call_run[1]) > 5 and one_call_run == modules_run
 
+
+def test_an_mtp_layer_runs_its_modules(target, tmp_path):
     mtp_target = add_random_mtp_layer(write_tiny_model(tmp_path / "mtp", TinyModelSpec()))
     mtp = make_llm(mtp_target, {"method": "mtp", "num_speculative_tokens": 2})
     assert mtp.engine.core.runner.speculation.proposer.model.head_pass is None  # norms its inputs

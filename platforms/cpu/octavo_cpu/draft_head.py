@@ -50,9 +50,11 @@ class DraftHeadPass:
     def __init__(self, head: Any, ops: Any, stored: torch.dtype):
         self._greedy_op = ops.greedy_tokens.default
         self._linear = ops.linear.default
-        self._lm_head = _packed_lm_head(head)  # the target's, or a bfloat16 copy
+        # The target's packed LM head, or a copy of it kept as the head's weights are.
         if stored == torch.bfloat16:
             self._lm_head = ops.pack_linear_weight_bf16(head.lm_head.weight.detach())
+        else:
+            self._lm_head = _packed_lm_head(head)
         self._vocab = head.embed_tokens.num_embeddings
         self._op = ops.draft_head_inputs.default
         self._run_layers = head.run_layers  # its decoder stack
