@@ -161,14 +161,28 @@ def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
     target, tmp_path, monkeypatch, method
 ):
     """Over float32 weights both paths score with the target's own LM head: a run drafts the
-    same tokens step for step (the head's KV the one call writes is the modules')."""
+    same tokens step for step (the head's KV the one call writes is the modules'). Greedy steps
+    run the pass and the drafts in one ``greedy_head_drafts`` call (a serial head's steps, the
+    prediction Gumiho's MLP heads read, P-EAGLE's masked slots), the modules a kernel at a
+    time."""
     monkeypatch.setenv(DRAFT_WEIGHTS_ENV, "float32")
     spec = heads(target, tmp_path)[method]
     with_one_call = make_llm(target, spec)
     modules = make_llm(target, spec)
     modules.engine.core.runner.speculation.proposer.model.head_pass = None
+    head_pass = with_one_call.engine.core.runner.speculation.proposer.model.head_pass
+    at_once = []  # (steps, parallel) of each call
+
+    def counted(*args, run=head_pass.greedy_head_drafts):
+        at_once.append((args[4], args[5]))
+        return run(*args)
+
+    head_pass.greedy_head_drafts = counted
     one_call_run, modules_run = drafts_of_a_run(with_one_call), drafts_of_a_run(modules)
     assert len(one_call_run[1]) > 5 and one_call_run == modules_run
+    # EAGLE drafts its 3 serially, Gumiho its first 2, P-EAGLE its 3 from one pass
+    expected = {"eagle": (3, False), "gumiho": (2, False), "p-eagle": (3, True)}[method]
+    assert len(at_once) > 5 and set(at_once) == {expected}
 
 
 def test_an_mtp_layer_runs_its_modules(target, tmp_path):
@@ -237,3 +251,24 @@ def test_the_compiled_greedy_verification_gives_the_numpy_verifiers_tokens():
         drafts = torch.tensor(drafts, dtype=torch.int64)
         expected = greedy_verify(drafts, k, logits)
         assert torch.equal(compiled(drafts, k, logits), expected), (k, logits, drafts)
+
+
+def test_drafts_past_the_block_table_or_the_tokens_are_refused(target, tmp_path):
+    llm = make_llm(target, heads(target, tmp_path)["eagle"])
+    head_pass = llm.engine.core.runner.speculation.proposer.model.head_pass
+    hidden = torch.zeros(2, TinyModelSpec().hidden_size)
+    tokens = torch.ones(1, 40, dtype=torch.int32)
+    one_block = torch.zeros(1, 1, dtype=torch.int32)  # positions 0 .. 15
+    rows, first, verified = torch.tensor([0]), torch.tensor([13]), torch.tensor([2])
+
+    def drafts(steps, first=first, tokens=tokens):
+        return head_pass.greedy_head_drafts(
+            hidden, rows, first, verified, steps, False, tokens, one_block, 16
+        )
+
+    with pytest.raises(RuntimeError, match="up to 16 need more than the 1 blocks"):
+        drafts(3)  # the second head step writes position 16
+    with pytest.raises(RuntimeError, match="outside the token table"):
+        drafts(1, tokens=tokens[:, :15])  # the token after position 14 is not in it
+    block, predicted = drafts(2)
+    assert block.shape == (1, 2) and predicted.shape == (1, TinyModelSpec().hidden_size)

@@ -15,17 +15,27 @@ def test_one_head_pass_drafts_every_token(target_model, p_eagle_head):
     llm = make_llm(target_model, eagle(p_eagle_head, 4, parallel_drafting=True))
     proposer = llm.engine.core.runner.speculation.proposer
     assert isinstance(proposer.model, ParallelEagleHead)
-    calls = []
+    calls, at_once = [], []
     forward = proposer.model.forward
     proposer.model.forward = lambda *a, **kw: calls.append(kw.get("masked")) or forward(*a, **kw)
+    greedy_at_once = proposer._greedy_at_once
+
+    def recorded_at_once(*args):
+        done = greedy_at_once(*args)
+        if done is not None:  # the pass and its drafts in the platform's one call
+            at_once.append(args[5:])
+        return done
+
+    proposer._greedy_at_once = recorded_at_once
     prompts = mixed_prompts(4, seed=1)
     llm.generate(
         [{"prompt_token_ids": p} for p in prompts], mixed_params(4, seed=1), use_tqdm=False
     )
     drafting = [m for m in calls if m is not None]
-    assert any(m.any() for m in drafting), "no parallel drafting pass ran"
+    assert any(m.any() for m in drafting) or at_once, "no parallel drafting pass ran"
     # each pass: per row one known position and up to K - 1 masked ones
     assert all(0 < int(m.sum()) <= 3 * len(prompts) for m in drafting if m.any())
+    assert all(steps_parallel == (4, True) for steps_parallel in at_once)
     assert llm.engine.core.scheduler.spec_stats.num_draft_tokens > 0
 
 

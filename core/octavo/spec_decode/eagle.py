@@ -237,6 +237,8 @@ class EagleProposer:
     def _draft(self, context, verified: VerifiedChunk, num_drafts, drafts, probs) -> None:
         """Fill ``drafts [R, K]`` (and ``probs``) for ``context.rows``: the pass over their
         verified positions, then K - 1 serial head steps."""
+        if self._greedy_at_once(context, verified, num_drafts, drafts, probs, self.k) is not None:
+            return
         predicted = self._verified_pass(context, verified)
         self._draft_serially(context, verified.last, predicted, num_drafts, drafts, probs, self.k)
 
@@ -266,6 +268,34 @@ class EagleProposer:
             depth = np.zeros(len(active), dtype=np.int64)
             self._sample_in_order(context, active, depth, j, at, hidden, drafts, probs)
         return active, hidden
+
+    def _greedy_at_once(self, context, verified, num_drafts, drafts, probs, steps, parallel=False):
+        """The pass over the rows' verified positions and their first ``steps`` drafts, serial
+        or ``parallel`` (P-EAGLE's), in the head's one call (``greedy_head_drafts``: the same
+        kernels, without the interpreter between them), where the platform has one, every row
+        is greedy with no logits processor and drafts at least ``steps``: ``(every row, the
+        predictions their last drafts were scored from)``; else None."""
+        if context.process_logits is not None or probs is not None:
+            return None
+        one_call = self.model.one_call("greedy_head_drafts")
+        if one_call is None or not (num_drafts >= steps).all():
+            return None
+        batch, rows = context.batch, context.rows
+        block, hidden = one_call(
+            verified.hidden,
+            torch.from_numpy(rows.astype(np.int64)),
+            torch.from_numpy(verified.first),
+            torch.from_numpy(verified.counts),
+            steps,
+            parallel,
+            torch.from_numpy(batch.token_ids),
+            torch.from_numpy(batch.block_table),
+            self.block_size,
+        )
+        block = block.cpu().numpy()
+        drafts[:, :steps] = block
+        batch.token_ids[rows[:, None], verified.last[:, None] + 2 + np.arange(steps)] = block
+        return np.arange(len(rows)), hidden
 
     def _sample_in_order(self, context, active, depth, first_j: int, at, hidden, drafts, probs):
         """Drafts ``first_j + depth[i]`` of rows ``active[i]`` (indices into ``context.rows``)

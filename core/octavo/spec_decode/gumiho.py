@@ -105,10 +105,14 @@ class GumihoProposer(EagleProposer):
         order, so each one's logits processors see the drafts before it)."""
         serial = min(self.k, self.model.num_serial_drafts)
         positions = verified.last
-        predicted = self._verified_pass(context, verified)
-        active, hidden = self._draft_serially(
-            context, positions, predicted, num_drafts, drafts, probs, serial
-        )
+        at_once = self._greedy_at_once(context, verified, num_drafts, drafts, probs, serial)
+        if at_once is not None:
+            active, hidden = at_once
+        else:
+            predicted = self._verified_pass(context, verified)
+            active, hidden = self._draft_serially(
+                context, positions, predicted, num_drafts, drafts, probs, serial
+            )
         more = num_drafts[active] - serial
         keep = more > 0
         if not keep.any():

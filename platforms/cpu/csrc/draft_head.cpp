@@ -94,6 +94,170 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_head_inputs(
   return {x, cos, sin};
 }
 
+// A greedy step's drafts in one call: the head's pass over each row's verified positions of the
+// step and `steps` greedy drafts per row, as the Python proposers make them a kernel at a time
+// (the same kernels on the same inputs, so the same drafts and head KV; what goes is the
+// interpreter between the kernels and the attention metadata built in numpy):
+//
+// - the pass: row r (batch row rows[r]) runs positions first[r] .. first[r] + num_verified[r]
+//   - 1, each with the token after it (token_ids[rows[r], position + 1]) and its hidden state
+//   (`hidden`, [sum(num_verified), H], flat in row order), its KV written to the position's
+//   slot in the row's blocks (block_table[rows[r]]); with `parallel` (P-EAGLE) each row runs
+//   steps - 1 masked slots after them (the head's mask embedding and hidden state);
+// - `parallel`: draft d of a row is the greedy draft (the LM head's argmax, greedy_tokens) of
+//   the pass's output at its last verified position + d, all in one LM-head product;
+// - serial (EAGLE, Gumiho's first drafts): draft 0 from the output at the last verified
+//   position p, then for j = 1 .. steps - 1 a head step at position p + j reads draft j - 1
+//   (the token after p + j) and the prediction it was scored from, writes its KV there and
+//   scores draft j.
+//
+// Returns (drafts [R, steps] int64, the predictions the last drafts were scored from [R, H]).
+// `stack` holds the decoder stack's shape as its op takes it: num_heads, num_kv_heads,
+// head_dim, intermediate_size, sliding_window.
+struct HeadTensors {
+  const at::Tensor& embedding;
+  const c10::optional<at::Tensor>& mask_embedding;
+  const c10::optional<at::Tensor>& mask_hidden;
+  const at::Tensor& fc_packed;
+  int64_t fc_out;
+  const at::Tensor& cos_cache;
+  const at::Tensor& sin_cache;
+  at::TensorList stack_weights;
+  at::TensorList kv_caches;
+  at::IntArrayRef stack;
+  double scale, eps;
+};
+
+// The head's forward over tokens `ids` at `positions` (with `masked` slots), its KV written to
+// `slots`: draft_head_inputs, then the decoder stack.
+at::Tensor head_forward(const HeadTensors& h, const at::Tensor& ids, const at::Tensor& hidden,
+                        const c10::optional<at::Tensor>& masked, const at::Tensor& positions,
+                        const at::Tensor& slots, const at::Tensor& block_table,
+                        const at::Tensor& query_start_loc, const at::Tensor& seq_lens) {
+  auto [x, cos, sin] = draft_head_inputs(ids, hidden, masked, h.embedding, h.mask_embedding,
+                                         h.mask_hidden, h.fc_packed, h.fc_out, positions,
+                                         h.cos_cache, h.sin_cache);
+  return kernels().decoder_stack.call(x, cos, sin, h.stack_weights, h.kv_caches, slots,
+                                      block_table, query_start_loc, seq_lens, h.stack[0],
+                                      h.stack[1], h.stack[2], h.stack[3], h.scale, h.stack[4],
+                                      h.eps, ids.size(0));
+}
+
+std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
+    const at::Tensor& hidden, const at::Tensor& rows, const at::Tensor& first,
+    const at::Tensor& num_verified, int64_t steps, bool parallel, const at::Tensor& token_ids,
+    const at::Tensor& block_table, int64_t block_size, const at::Tensor& lm_head_packed,
+    int64_t vocab, const at::Tensor& embedding, const c10::optional<at::Tensor>& mask_embedding,
+    const c10::optional<at::Tensor>& mask_hidden, const at::Tensor& fc_packed, int64_t fc_out,
+    const at::Tensor& cos_cache, const at::Tensor& sin_cache, at::TensorList stack_weights,
+    at::TensorList kv_caches, at::IntArrayRef stack, double scale, double eps) {
+  const int64_t R = rows.size(0);
+  for (const at::Tensor* t : {&rows, &first, &num_verified}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->size(0) == R &&
+                    t->is_contiguous(),
+                "greedy_head_drafts: rows, first and num_verified must be contiguous int64 [R]");
+  }
+  TORCH_CHECK(token_ids.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt &&
+                  token_ids.dim() == 2 && block_table.dim() == 2 && token_ids.is_contiguous() &&
+                  block_table.is_contiguous(),
+              "greedy_head_drafts: token_ids and block_table must be contiguous int32 tables");
+  TORCH_CHECK(steps >= 1 && block_size > 0 && stack.size() == 5,
+              "greedy_head_drafts: at least one draft, a positive block size and the stack's "
+              "shape in 5 numbers");
+  const int64_t masked_slots = parallel ? steps - 1 : 0;
+  const int64_t* row_of = rows.data_ptr<int64_t>();
+  const int64_t* from = first.data_ptr<int64_t>();
+  const int64_t* verified = num_verified.data_ptr<int64_t>();
+  const int64_t num_rows = token_ids.size(0), row_len = token_ids.size(1);
+  const int64_t table_cols = block_table.size(1);
+  int64_t num_tokens = 0, num_cols = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t last_position = from[r] + verified[r] - 1 + steps - 1;  // its KV written
+    TORCH_CHECK(row_of[r] >= 0 && row_of[r] < num_rows && from[r] >= 0 && verified[r] >= 1 &&
+                    from[r] + verified[r] < row_len,
+                "greedy_head_drafts: row ", r, " (batch row ", row_of[r], ", ", verified[r],
+                " verified positions from ", from[r], ") is outside the token table");
+    TORCH_CHECK(last_position / block_size < table_cols, "greedy_head_drafts: row ", r,
+                "'s positions up to ", last_position, " need more than the ", table_cols,
+                " blocks of its block table");
+    num_tokens += verified[r] + masked_slots;
+    num_cols = std::max(num_cols, last_position / block_size + 1);
+  }
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == num_tokens - R * masked_slots,
+              "greedy_head_drafts: ", num_tokens - R * masked_slots,
+              " verified positions but ", hidden.size(0), " hidden state rows");
+  const at::TensorOptions longs = rows.options(), ints = block_table.options();
+  const int32_t* tokens = token_ids.data_ptr<int32_t>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  // The rows' block tables (num_cols blocks each) and the pass's metadata.
+  at::Tensor row_tables = at::empty({R, num_cols}, ints);
+  at::Tensor ids = at::empty({num_tokens}, longs), positions = at::empty({num_tokens}, longs);
+  at::Tensor slots = at::empty({num_tokens}, longs);
+  at::Tensor masked = at::empty({num_tokens}, longs.dtype(at::kBool));
+  at::Tensor query_start_loc = at::empty({R + 1}, ints), seq_lens = at::empty({R}, ints);
+  at::Tensor last = at::empty({R * (parallel ? steps : 1)}, longs);  // the outputs scored
+  int32_t* bt = row_tables.data_ptr<int32_t>();
+  int64_t* id = ids.data_ptr<int64_t>();
+  int64_t* pos = positions.data_ptr<int64_t>();
+  int64_t* slot = slots.data_ptr<int64_t>();
+  bool* is_masked = masked.data_ptr<bool>();
+  int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  int32_t* lens = seq_lens.data_ptr<int32_t>();
+  int64_t* scored = last.data_ptr<int64_t>();
+  qsl[0] = 0;
+  for (int64_t r = 0, t = 0; r < R; ++r) {
+    const int32_t* row_table = table + row_of[r] * table_cols;
+    std::copy(row_table, row_table + num_cols, bt + r * num_cols);
+    const int64_t count = verified[r] + masked_slots;
+    for (int64_t i = 0; i < count; ++i, ++t) {
+      pos[t] = from[r] + i;
+      is_masked[t] = i >= verified[r];
+      id[t] = is_masked[t] ? 0 : tokens[row_of[r] * row_len + pos[t] + 1];
+      slot[t] = static_cast<int64_t>(row_table[pos[t] / block_size]) * block_size +
+                pos[t] % block_size;
+    }
+    qsl[r + 1] = static_cast<int32_t>(t);
+    lens[r] = static_cast<int32_t>(from[r] + count);
+    for (int64_t d = 0; d < (parallel ? steps : 1); ++d) {
+      scored[r * (parallel ? steps : 1) + d] = t - count + verified[r] - 1 + d;
+    }
+  }
+  const HeadTensors h{embedding, mask_embedding, mask_hidden, fc_packed, fc_out, cos_cache,
+                      sin_cache, stack_weights, kv_caches, stack, scale, eps};
+  const c10::optional<at::Tensor> pass_masked =
+      masked_slots > 0 ? c10::optional<at::Tensor>(masked) : c10::nullopt;
+  const at::Tensor predicted = head_forward(h, ids, hidden.contiguous(), pass_masked, positions,
+                                            slots, row_tables, query_start_loc, seq_lens);
+  const Kernels& k = kernels();
+  if (parallel) {
+    const at::Tensor outputs = at::index_select(predicted, 0, last);  // [R * steps, H]
+    at::Tensor drafts = at::empty({R * steps}, longs);
+    k.greedy_tokens.call(drafts, outputs, lm_head_packed, vocab);
+    return {drafts.view({R, steps}),
+            outputs.view({R, steps, -1}).select(1, steps - 1).contiguous()};
+  }
+  at::Tensor drafts = at::empty({steps, R}, longs);
+  at::Tensor step_positions = at::empty({R}, longs), step_slots = at::empty({R}, longs);
+  at::Tensor step_start_loc = at::arange(R + 1, ints);
+  at::Tensor prediction = at::index_select(predicted, 0, last);
+  for (int64_t j = 0; j < steps; ++j) {
+    k.greedy_tokens.call(drafts.select(0, j), prediction, lm_head_packed, vocab);
+    if (j + 1 == steps) break;
+    int64_t* step_pos = step_positions.data_ptr<int64_t>();
+    int64_t* step_slot = step_slots.data_ptr<int64_t>();
+    for (int64_t r = 0; r < R; ++r) {
+      step_pos[r] = from[r] + verified[r] + j;  // p + j + 1, its token draft j
+      const int32_t* row_table = bt + r * num_cols;
+      step_slot[r] = static_cast<int64_t>(row_table[step_pos[r] / block_size]) * block_size +
+                     step_pos[r] % block_size;
+      lens[r] = static_cast<int32_t>(step_pos[r] + 1);
+    }
+    prediction = head_forward(h, drafts.select(0, j), prediction, c10::nullopt, step_positions,
+                              step_slots, row_tables, step_start_loc, seq_lens);
+  }
+  return {drafts.t().contiguous(), prediction};
+}
+
 // A Gumiho head's parallel MLP heads, the first `count` of them, each from the same pairs
 // [embedding of the last serial draft, the serial head's hidden state]: x = fc(pair), then
 // norm(x + down(silu(gate(n)) * up(n))) with n = mlp_norm(x), by the kernels (and in the order)
@@ -142,4 +306,12 @@ TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
       "Tensor? mask_embedding, Tensor? mask_hidden, Tensor fc_packed, int fc_out, "
       "Tensor positions, Tensor cos_cache, Tensor sin_cache) -> (Tensor, Tensor, Tensor)");
   m.impl("draft_head_inputs", c10::DispatchKey::CPU, &draft_head_inputs);
+  m.def(
+      "greedy_head_drafts(Tensor hidden, Tensor rows, Tensor first, Tensor num_verified, "
+      "int steps, bool parallel, Tensor token_ids, Tensor block_table, int block_size, "
+      "Tensor lm_head_packed, int vocab, Tensor embedding, Tensor? mask_embedding, "
+      "Tensor? mask_hidden, Tensor fc_packed, int fc_out, Tensor cos_cache, Tensor sin_cache, "
+      "Tensor[] stack_weights, Tensor(a!)[] kv_caches, int[] stack, float scale, float eps) "
+      "-> (Tensor, Tensor)");
+  m.impl("greedy_head_drafts", c10::DispatchKey::CPU, &greedy_head_drafts);
 }

@@ -30,6 +30,12 @@ using SiluAndMulFn = void(at::Tensor, const at::Tensor&, const at::Tensor&);
 using PagedAttentionFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const at::Tensor&, double, int64_t, int64_t);
+using DecoderStackFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  at::TensorList, at::TensorList, const at::Tensor&,
+                                  const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  int64_t, int64_t, int64_t, int64_t, double, int64_t, double,
+                                  int64_t);
+using GreedyTokensFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t);
 
 template <typename Fn>
 c10::TypedOperatorHandle<Fn> find_op(const char* name) {
@@ -47,6 +53,8 @@ struct Kernels {
   c10::TypedOperatorHandle<SiluAndMulFn> silu_and_mul = find_op<SiluAndMulFn>("silu_and_mul");
   c10::TypedOperatorHandle<PagedAttentionFn> paged_attention =
       find_op<PagedAttentionFn>("paged_attention");
+  c10::TypedOperatorHandle<DecoderStackFn> decoder_stack = find_op<DecoderStackFn>("decoder_stack");
+  c10::TypedOperatorHandle<GreedyTokensFn> greedy_tokens = find_op<GreedyTokensFn>("greedy_tokens");
 };
 
 inline const Kernels& kernels() {

@@ -56,7 +56,7 @@ class DecoderStack:
             cos,
             sin,
             self._weights,
-            [attention.kv_cache for attention in self._attention],
+            self.kv_caches(),
             metadata.slot_mapping,
             metadata.block_table,
             metadata.query_start_loc,
@@ -64,6 +64,21 @@ class DecoderStack:
             *self._shape,
             hidden.shape[0] if num_tokens < 0 else num_tokens,
         )
+
+    def kv_caches(self) -> list[torch.Tensor]:
+        """The layers' KV caches as they are now (allocated after the stack is made)."""
+        return [attention.kv_cache for attention in self._attention]
+
+    def shape_arguments(self) -> tuple[list[int], float, float]:
+        """``([num_heads, num_kv_heads, head_dim, intermediate_size, sliding_window], scale,
+        eps)``: the stack's shape as an op that runs it from C++ takes it."""
+        heads, kv_heads, head_dim, intermediate, scale, window, eps = self._shape
+        return [heads, kv_heads, head_dim, intermediate, window], scale, eps
+
+    @property
+    def weights(self) -> list[torch.Tensor]:
+        """The stack's tensors in the op's order (7 a layer, then the final norm's weight)."""
+        return self._weights
 
 
 def make_decoder_stack(layers: Any, norm: Any, ops: Any) -> Optional[DecoderStack]:

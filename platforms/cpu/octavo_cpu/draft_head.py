@@ -1,5 +1,7 @@
 """An EAGLE-family draft head's forward in two compiled calls (``octavo_draft_head``); its
-logits, its greedy drafts and a Gumiho head's parallel MLP heads in one call each.
+logits, its greedy drafts and a Gumiho head's parallel MLP heads in one call each; and a greedy
+step's whole drafting, the pass over the verified positions and the drafts (a serial head's
+steps, or P-EAGLE's masked slots), in one ``greedy_head_drafts`` call.
 
 The head's modules make a pass of a few tokens from a dozen torch calls before its layer (the
 target's embedding lookup, a P-EAGLE head's two ``where``s over its masked slots, the
@@ -8,8 +10,10 @@ batch-1 step: ~110 us of a ~370 us head pass of the demo model, against ~25 us o
 ``draft_head_inputs`` (csrc/draft_head.cpp) makes the same pairs, ``fc`` and tables in one call,
 and the head's decoder stack (``octavo_cpu.decoder_stack``) runs the layer and the norm in
 another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call,
-greedy drafts (the LM-head product and the argmax) in one ``greedy_tokens`` call. Bit for bit
-the modules' numbers (tests/platforms check it).
+greedy drafts (the LM-head product and the argmax) in one ``greedy_tokens`` call, and with
+``greedy_head_drafts`` the attention metadata of the pass and of each serial step are built in
+C++ too (batch 1, K = 4: EAGLE x1.27 faster than a call per kernel, BENCHMARKS.md).
+Bit for bit the modules' numbers (tests/platforms check it).
 
 Unless ``OCTAVO_CPU_DRAFT_WEIGHTS=float32``, the head's linears are packed again over bfloat16
 weights (multiplied in float32, csrc/gemm.cpp), its modules' and its one call's alike, and its
@@ -58,6 +62,8 @@ class DraftHeadPass:
         self._vocab = head.embed_tokens.num_embeddings
         self._op = ops.draft_head_inputs.default
         self._run_layers = head.run_layers  # its decoder stack
+        self._stack = head.decoder_stack
+        self._drafts_op = ops.greedy_head_drafts.default
         self._embedding = head.embed_tokens.weight.detach()
         self._mask_embedding = _parameter(head, "mask_embedding")
         self._mask_hidden = _parameter(head, "mask_hidden")
@@ -90,6 +96,31 @@ class DraftHeadPass:
         out = torch.empty(hidden_states.shape[0], dtype=torch.int64)
         self._greedy_op(out, hidden_states, self._lm_head, self._vocab)
         return out
+
+    def greedy_head_drafts(self, hidden_states, *step):
+        """``(drafts int64 [R, steps], hidden [R, H])``: the head's pass over the rows' verified
+        positions and their greedy drafts, serial or parallel, in one ``greedy_head_drafts``
+        call; ``step`` is ``rows, first, num_verified, steps, parallel, token_ids, block_table,
+        block_size`` (the ``octavo_draft_head`` hookspec)."""
+        shape, scale, eps = self._stack.shape_arguments()
+        return self._drafts_op(
+            hidden_states.contiguous(),
+            *step,
+            self._lm_head,
+            self._vocab,
+            self._embedding,
+            self._mask_embedding,
+            self._mask_hidden,
+            self._fc,
+            self._fc_out,
+            self._cos,
+            self._sin,
+            self._stack.weights,
+            self._stack.kv_caches(),
+            shape,
+            scale,
+            eps,
+        )
 
 
 class GumihoHeadPass(DraftHeadPass):
@@ -171,8 +202,9 @@ def _repack(head: Any, ops: Any, stored: torch.dtype) -> None:
 
 
 def _unfit(head: Any, ops: Any) -> Optional[str]:
-    if ops is None or not all(hasattr(ops, op) for op in ("draft_head_inputs", "greedy_tokens")):
-        return "no compiled draft_head_inputs or greedy_tokens kernel"
+    kernels = ("draft_head_inputs", "greedy_tokens", "greedy_head_drafts")
+    if ops is None or not all(hasattr(ops, op) for op in kernels):
+        return f"no compiled {', '.join(kernels)} kernels"
     if not isinstance(head, EagleHead):
         return f"{type(head).__name__} is not an EAGLE-family head"
     methods = ("inputs", "predict", "compute_logits")
