@@ -20,8 +20,8 @@ def test_one_head_pass_drafts_every_token(target_model, p_eagle_head):
     proposer.model.forward = lambda *a, **kw: calls.append(kw.get("masked")) or forward(*a, **kw)
     greedy_at_once = proposer._greedy_at_once
 
-    def recorded_at_once(*args):
-        done = greedy_at_once(*args)
+    def recorded_at_once(*args, **kwargs):
+        done = greedy_at_once(*args, **kwargs)
         if done is not None:  # the pass and its drafts in the platform's one call
             at_once.append(args[5:])
         return done

@@ -217,15 +217,16 @@ def octavo_draft_head(platform: PlatformInfo, head: Any) -> Optional[Any]:
     logits: the target's LM head, or a copy of it kept as the head's weights are),
     ``greedy_drafts(hidden_states) -> int64 [R]`` (each row's argmax of those logits: the greedy
     drafts), ``greedy_head_drafts(hidden_states, rows, first, num_verified, steps, parallel,
-    token_ids, block_table, block_size) -> (drafts int64 [R, steps], hidden [R, hidden])`` (a
-    greedy step's pass and drafts: the pass over each row's verified positions ``first ..
-    first + num_verified - 1``, each with the token after it in ``token_ids[rows]`` and its
-    row of ``hidden_states``, its KV written to the slots of ``block_table[rows]`` (the batch's
-    int32 tables and int64 ``[R]`` vectors, on the host); with ``parallel`` a P-EAGLE head's
-    ``steps - 1`` masked slots after them and every draft from the pass's outputs, else the
-    first draft from the last output and ``steps - 1`` serial head steps; ``hidden`` the
-    predictions the last drafts were scored from) and, for a Gumiho head
-    (``octavo.spec_decode.gumiho.GumihoHead``),
+    token_ids, block_table, block_size, mlp_drafts=0) -> (drafts int64 [R, steps + mlp_drafts],
+    hidden [R, hidden])`` (a greedy step's pass and drafts: the pass over each row's verified
+    positions ``first .. first + num_verified - 1``, each with the token after it in
+    ``token_ids[rows]`` and its row of ``hidden_states``, its KV written to the slots of
+    ``block_table[rows]`` (the batch's int32 tables and int64 ``[R]`` vectors, on the host);
+    with ``parallel`` a P-EAGLE head's ``steps - 1`` masked slots after them and every draft
+    from the pass's outputs, else the first draft from the last output and ``steps - 1`` serial
+    head steps, then, for a Gumiho head, ``mlp_drafts`` from its MLP heads as
+    ``draft_in_parallel`` makes them; ``hidden`` the predictions the last serial or parallel
+    drafts were scored from) and, for a Gumiho head (``octavo.spec_decode.gumiho.GumihoHead``),
     ``draft_in_parallel(last_drafts, hidden_states, count) -> [count, R, hidden]``, the head's
     own method, each in one call. Its numbers are the modules', or a drafter's own (for example
     over weights kept in a narrower dtype): drafts never reach the output, but every path of

@@ -269,16 +269,20 @@ class EagleProposer:
             self._sample_in_order(context, active, depth, j, at, hidden, drafts, probs)
         return active, hidden
 
-    def _greedy_at_once(self, context, verified, num_drafts, drafts, probs, steps, parallel=False):
+    def _greedy_at_once(
+        self, context, verified, num_drafts, drafts, probs, steps, parallel=False, mlp_drafts=0
+    ):
         """The pass over the rows' verified positions and their first ``steps`` drafts, serial
-        or ``parallel`` (P-EAGLE's), in the head's one call (``greedy_head_drafts``: the same
-        kernels, without the interpreter between them), where the platform has one, every row
-        is greedy with no logits processor and drafts at least ``steps``: ``(every row, the
-        predictions their last drafts were scored from)``; else None."""
+        or ``parallel`` (P-EAGLE's), and ``mlp_drafts`` more from a Gumiho head's MLP heads, in
+        the head's one call (``greedy_head_drafts``: the same kernels, without the interpreter
+        between them), where the platform has one, every row is greedy with no logits
+        processor and drafts them all: ``(every row, the predictions their last serial (or
+        parallel) drafts were scored from)``; else None."""
         if context.process_logits is not None or probs is not None:
             return None
         one_call = self.model.one_call("greedy_head_drafts")
-        if one_call is None or not (num_drafts >= steps).all():
+        count = steps + mlp_drafts
+        if one_call is None or not (num_drafts >= count).all():
             return None
         batch, rows = context.batch, context.rows
         block, hidden = one_call(
@@ -291,10 +295,11 @@ class EagleProposer:
             torch.from_numpy(batch.token_ids),
             torch.from_numpy(batch.block_table),
             self.block_size,
+            mlp_drafts=mlp_drafts,
         )
         block = block.cpu().numpy()
-        drafts[:, :steps] = block
-        batch.token_ids[rows[:, None], verified.last[:, None] + 2 + np.arange(steps)] = block
+        drafts[:, :count] = block
+        batch.token_ids[rows[:, None], verified.last[:, None] + 2 + np.arange(count)] = block
         return np.arange(len(rows)), hidden
 
     def _sample_in_order(self, context, active, depth, first_j: int, at, hidden, drafts, probs):

@@ -102,17 +102,24 @@ class GumihoProposer(EagleProposer):
 
     def _draft(self, context, verified, num_drafts, drafts, probs) -> None:
         """The serial head's drafts, then the rest from the MLP heads at once (sampled in
-        order, so each one's logits processors see the drafts before it)."""
+        order, so each one's logits processors see the drafts before it); a greedy step's in
+        the head's one call where it has one (the MLP heads' too, where every row drafts K)."""
         serial = min(self.k, self.model.num_serial_drafts)
         positions = verified.last
-        at_once = self._greedy_at_once(context, verified, num_drafts, drafts, probs, serial)
-        if at_once is not None:
-            active, hidden = at_once
-        else:
+        one_call_mlp = self.model.one_call("draft_in_parallel") is not None
+        mlp_drafts = self.k - serial if one_call_mlp and (num_drafts == self.k).all() else 0
+        at_once = self._greedy_at_once(
+            context, verified, num_drafts, drafts, probs, serial, mlp_drafts=mlp_drafts
+        )
+        if at_once is None:
             predicted = self._verified_pass(context, verified)
             active, hidden = self._draft_serially(
                 context, positions, predicted, num_drafts, drafts, probs, serial
             )
+        elif mlp_drafts:
+            return
+        else:
+            active, hidden = at_once
         more = num_drafts[active] - serial
         keep = more > 0
         if not keep.any():

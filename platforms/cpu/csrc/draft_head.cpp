@@ -94,6 +94,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_head_inputs(
   return {x, cos, sin};
 }
 
+// A Gumiho head's parallel MLP heads, the first `count` of them, each from the same pairs
+// [embedding of the last serial draft, the serial head's hidden state]: x = fc(pair), then
+// norm(x + down(silu(gate(n)) * up(n))) with n = mlp_norm(x), by the kernels (and in the order)
+// of the heads' modules. Each head hands 6 tensors: fc, gate, up and down packed
+// (pack_linear_weight) and the two norms' weights, as fc, mlp_norm, gate, up, down, norm.
+// Returns [count, R, hidden].
+at::Tensor draft_mlp_heads(const at::Tensor& input_ids, const at::Tensor& hidden,
+                           const at::Tensor& embedding, at::TensorList weights,
+                           int64_t intermediate_size, double eps, int64_t count) {
+  constexpr int64_t kTensorsPerHead = 6;
+  TORCH_CHECK(count >= 0 && static_cast<int64_t>(weights.size()) >= count * kTensorsPerHead,
+              "draft_mlp_heads: ", kTensorsPerHead, " tensors per head, got ", weights.size(),
+              " for ", count, " heads");
+  const int64_t R = input_ids.size(0), H = embedding.size(1);
+  const at::Tensor pairs =
+      pairs_of(input_ids, hidden, c10::nullopt, embedding, c10::nullopt, c10::nullopt);
+  const Kernels& k = kernels();
+  at::Tensor out = at::empty({count, R, H}, embedding.options());
+  for (int64_t i = 0; i < count; ++i) {
+    const at::Tensor* w = weights.data() + i * kTensorsPerHead;
+    at::Tensor x = at::empty({R, H}, embedding.options());
+    k.linear.call(x, pairs, w[0]);
+    at::Tensor normed = at::empty_like(x);
+    k.rms_norm.call(normed, x, w[1], eps);
+    at::Tensor gate = at::empty({R, intermediate_size}, x.options());
+    at::Tensor up = at::empty_like(gate), act = at::empty_like(gate);
+    k.linear.call(gate, normed, w[2]);
+    k.linear.call(up, normed, w[3]);
+    k.silu_and_mul.call(act, gate, up);
+    at::Tensor mlp = at::empty_like(x), summed = at::empty_like(x);
+    k.linear.call(mlp, act, w[4]);
+    k.fused_add_rms_norm.call(out.select(0, i), summed, mlp, x, w[5], eps);
+  }
+  return out;
+}
+
 // A greedy step's drafts in one call: the head's pass over each row's verified positions of the
 // step and `steps` greedy drafts per row, as the Python proposers make them a kernel at a time
 // (the same kernels on the same inputs, so the same drafts and head KV; what goes is the
@@ -111,7 +147,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_head_inputs(
 //   (the token after p + j) and the prediction it was scored from, writes its KV there and
 //   scores draft j.
 //
-// Returns (drafts [R, steps] int64, the predictions the last drafts were scored from [R, H]).
+// - then, for a Gumiho head (`mlp_drafts` > 0, after serial drafts), drafts steps .. steps +
+//   mlp_drafts - 1 from its first mlp_drafts MLP heads (draft_mlp_heads over `mlp_weights`)
+//   reading the last serial draft and its prediction, scored in one LM-head product.
+//
+// Returns (drafts [R, steps + mlp_drafts] int64, the predictions the last serial drafts, or
+// P-EAGLE's last drafts, were scored from [R, H]).
 // `stack` holds the decoder stack's shape as its op takes it: num_heads, num_kv_heads,
 // head_dim, intermediate_size, sliding_window.
 struct HeadTensors {
@@ -150,7 +191,9 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
     int64_t vocab, const at::Tensor& embedding, const c10::optional<at::Tensor>& mask_embedding,
     const c10::optional<at::Tensor>& mask_hidden, const at::Tensor& fc_packed, int64_t fc_out,
     const at::Tensor& cos_cache, const at::Tensor& sin_cache, at::TensorList stack_weights,
-    at::TensorList kv_caches, at::IntArrayRef stack, double scale, double eps) {
+    at::TensorList kv_caches, at::IntArrayRef stack, double scale, double eps,
+    int64_t mlp_drafts, at::TensorList mlp_weights, int64_t mlp_intermediate_size,
+    double mlp_eps) {
   const int64_t R = rows.size(0);
   for (const at::Tensor* t : {&rows, &first, &num_verified}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->size(0) == R &&
@@ -164,6 +207,8 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
   TORCH_CHECK(steps >= 1 && block_size > 0 && stack.size() == 5,
               "greedy_head_drafts: at least one draft, a positive block size and the stack's "
               "shape in 5 numbers");
+  TORCH_CHECK(mlp_drafts == 0 || !parallel,
+              "greedy_head_drafts: MLP heads' drafts follow serial drafts only");
   const int64_t masked_slots = parallel ? steps - 1 : 0;
   const int64_t* row_of = rows.data_ptr<int64_t>();
   const int64_t* from = first.data_ptr<int64_t>();
@@ -255,43 +300,16 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
     prediction = head_forward(h, drafts.select(0, j), prediction, c10::nullopt, step_positions,
                               step_slots, row_tables, step_start_loc, seq_lens);
   }
-  return {drafts.t().contiguous(), prediction};
-}
-
-// A Gumiho head's parallel MLP heads, the first `count` of them, each from the same pairs
-// [embedding of the last serial draft, the serial head's hidden state]: x = fc(pair), then
-// norm(x + down(silu(gate(n)) * up(n))) with n = mlp_norm(x), by the kernels (and in the order)
-// of the heads' modules. Each head hands 6 tensors: fc, gate, up and down packed
-// (pack_linear_weight) and the two norms' weights, as fc, mlp_norm, gate, up, down, norm.
-// Returns [count, R, hidden].
-at::Tensor draft_mlp_heads(const at::Tensor& input_ids, const at::Tensor& hidden,
-                           const at::Tensor& embedding, at::TensorList weights,
-                           int64_t intermediate_size, double eps, int64_t count) {
-  constexpr int64_t kTensorsPerHead = 6;
-  TORCH_CHECK(count >= 0 && static_cast<int64_t>(weights.size()) >= count * kTensorsPerHead,
-              "draft_mlp_heads: ", kTensorsPerHead, " tensors per head, got ", weights.size(),
-              " for ", count, " heads");
-  const int64_t R = input_ids.size(0), H = embedding.size(1);
-  const at::Tensor pairs =
-      pairs_of(input_ids, hidden, c10::nullopt, embedding, c10::nullopt, c10::nullopt);
-  const Kernels& k = kernels();
-  at::Tensor out = at::empty({count, R, H}, embedding.options());
-  for (int64_t i = 0; i < count; ++i) {
-    const at::Tensor* w = weights.data() + i * kTensorsPerHead;
-    at::Tensor x = at::empty({R, H}, embedding.options());
-    k.linear.call(x, pairs, w[0]);
-    at::Tensor normed = at::empty_like(x);
-    k.rms_norm.call(normed, x, w[1], eps);
-    at::Tensor gate = at::empty({R, intermediate_size}, x.options());
-    at::Tensor up = at::empty_like(gate), act = at::empty_like(gate);
-    k.linear.call(gate, normed, w[2]);
-    k.linear.call(up, normed, w[3]);
-    k.silu_and_mul.call(act, gate, up);
-    at::Tensor mlp = at::empty_like(x), summed = at::empty_like(x);
-    k.linear.call(mlp, act, w[4]);
-    k.fused_add_rms_norm.call(out.select(0, i), summed, mlp, x, w[5], eps);
-  }
-  return out;
+  if (mlp_drafts == 0) return {drafts.t().contiguous(), prediction};
+  // A Gumiho head's MLP heads: drafts steps .. steps + mlp_drafts - 1 from the last serial
+  // draft and its prediction, in one LM-head product.
+  const at::Tensor predicted_after = draft_mlp_heads(drafts.select(0, steps - 1), prediction,
+                                                     embedding, mlp_weights, mlp_intermediate_size,
+                                                     mlp_eps, mlp_drafts);  // [mlp_drafts, R, H]
+  at::Tensor later = at::empty({mlp_drafts, R}, longs);
+  k.greedy_tokens.call(later.view({-1}), predicted_after.view({mlp_drafts * R, -1}),
+                       lm_head_packed, vocab);
+  return {at::cat({drafts, later}).t().contiguous(), prediction};
 }
 
 }  // namespace
@@ -311,7 +329,8 @@ TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
       "int steps, bool parallel, Tensor token_ids, Tensor block_table, int block_size, "
       "Tensor lm_head_packed, int vocab, Tensor embedding, Tensor? mask_embedding, "
       "Tensor? mask_hidden, Tensor fc_packed, int fc_out, Tensor cos_cache, Tensor sin_cache, "
-      "Tensor[] stack_weights, Tensor(a!)[] kv_caches, int[] stack, float scale, float eps) "
-      "-> (Tensor, Tensor)");
+      "Tensor[] stack_weights, Tensor(a!)[] kv_caches, int[] stack, float scale, float eps, "
+      "int mlp_drafts, Tensor[] mlp_weights, int mlp_intermediate_size, float mlp_eps) -> "
+      "(Tensor, Tensor)");
   m.impl("greedy_head_drafts", c10::DispatchKey::CPU, &greedy_head_drafts);
 }

@@ -97,11 +97,12 @@ class DraftHeadPass:
         self._greedy_op(out, hidden_states, self._lm_head, self._vocab)
         return out
 
-    def greedy_head_drafts(self, hidden_states, *step):
-        """``(drafts int64 [R, steps], hidden [R, H])``: the head's pass over the rows' verified
-        positions and their greedy drafts, serial or parallel, in one ``greedy_head_drafts``
-        call; ``step`` is ``rows, first, num_verified, steps, parallel, token_ids, block_table,
-        block_size`` (the ``octavo_draft_head`` hookspec)."""
+    def greedy_head_drafts(self, hidden_states, *step, mlp_drafts: int = 0):
+        """``(drafts int64 [R, steps + mlp_drafts], hidden [R, H])``: the head's pass over the
+        rows' verified positions and their greedy drafts, serial or parallel, and a Gumiho
+        head's ``mlp_drafts`` more, in one ``greedy_head_drafts`` call; ``step`` is ``rows,
+        first, num_verified, steps, parallel, token_ids, block_table, block_size`` (the
+        ``octavo_draft_head`` hookspec)."""
         shape, scale, eps = self._stack.shape_arguments()
         return self._drafts_op(
             hidden_states.contiguous(),
@@ -120,7 +121,15 @@ class DraftHeadPass:
             shape,
             scale,
             eps,
+            *self._mlp_heads(mlp_drafts),
         )
+
+    def _mlp_heads(self, count: int) -> tuple:
+        """``(count, weights, intermediate_size, eps)`` of the MLP heads ``greedy_head_drafts``
+        runs: none for a head without them."""
+        if count:
+            raise ValueError(f"{type(self).__name__} has no MLP heads to draft {count} tokens")
+        return 0, [], 0, 0.0
 
 
 class GumihoHeadPass(DraftHeadPass):
@@ -133,6 +142,9 @@ class GumihoHeadPass(DraftHeadPass):
         first = head.parallel_heads[0]
         self._intermediate_size = first.mlp.gate_up_proj.shard_sizes[0]
         self._eps = first.norm.eps
+
+    def _mlp_heads(self, count: int) -> tuple:
+        return count, self._mlp_weights, self._intermediate_size, self._eps
 
     def draft_in_parallel(self, last_drafts, hidden_states, count: int) -> torch.Tensor:
         """``[count, R, H]``, as ``GumihoHead.draft_in_parallel``."""
