@@ -2,7 +2,9 @@
 the head's decoder stack), its greedy drafts and Gumiho's MLP heads in one call each, and the
 compiled greedy verification: the modules' numbers bit for bit at every call of a run (serial
 EAGLE, P-EAGLE's masked slots, Gumiho's serial and MLP heads), torch's argmax of the LM head's
-logits, the numpy verifier's tokens; the modules where the one call does not apply."""
+logits, the numpy verifier's tokens; a greedy step's drafting in one ``greedy_head_drafts``
+call, the same drafts as the modules' step for step; the modules where the one call does not
+apply."""
 
 from __future__ import annotations
 
@@ -171,7 +173,7 @@ def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
     modules = make_llm(target, spec)
     modules.engine.core.runner.speculation.proposer.model.head_pass = None
     head_pass = with_one_call.engine.core.runner.speculation.proposer.model.head_pass
-    at_once = []  # (steps, parallel) of each call
+    at_once = []  # (steps, parallel, MLP heads' drafts) of each call
 
     def counted(*args, run=head_pass.greedy_head_drafts, **kwargs):
         at_once.append((args[4], args[5], kwargs.get("mlp_drafts", 0)))

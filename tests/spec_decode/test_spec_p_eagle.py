@@ -23,7 +23,7 @@ def test_one_head_pass_drafts_every_token(target_model, p_eagle_head):
     def recorded_at_once(*args, **kwargs):
         done = greedy_at_once(*args, **kwargs)
         if done is not None:  # the pass and its drafts in the platform's one call
-            at_once.append(args[5:])
+            at_once.append((args[5], kwargs.get("parallel")))  # (steps, parallel)
         return done
 
     proposer._greedy_at_once = recorded_at_once

@@ -75,8 +75,10 @@ class ParallelEagleProposer(EagleProposer):
     def _draft(self, context, verified: VerifiedChunk, num_drafts, drafts, probs) -> None:
         """One head pass per row over its verified positions and K - 1 masked slots after them:
         the outputs from its last verified position on score its K drafts."""
-        at_once = self._greedy_at_once(context, verified, num_drafts, drafts, probs, self.k, True)
-        if at_once is not None:
+        greedy = self._greedy_at_once(
+            context, verified, num_drafts, drafts, probs, self.k, parallel=True
+        )
+        if greedy is not None:  # the platform's one call drafted them
             return
         batch, rows = context.batch, context.rows
         counts = verified.counts + np.maximum(num_drafts - 1, 0)

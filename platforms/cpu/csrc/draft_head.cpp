@@ -130,31 +130,7 @@ at::Tensor draft_mlp_heads(const at::Tensor& input_ids, const at::Tensor& hidden
   return out;
 }
 
-// A greedy step's drafts in one call: the head's pass over each row's verified positions of the
-// step and `steps` greedy drafts per row, as the Python proposers make them a kernel at a time
-// (the same kernels on the same inputs, so the same drafts and head KV; what goes is the
-// interpreter between the kernels and the attention metadata built in numpy):
-//
-// - the pass: row r (batch row rows[r]) runs positions first[r] .. first[r] + num_verified[r]
-//   - 1, each with the token after it (token_ids[rows[r], position + 1]) and its hidden state
-//   (`hidden`, [sum(num_verified), H], flat in row order), its KV written to the position's
-//   slot in the row's blocks (block_table[rows[r]]); with `parallel` (P-EAGLE) each row runs
-//   steps - 1 masked slots after them (the head's mask embedding and hidden state);
-// - `parallel`: draft d of a row is the greedy draft (the LM head's argmax, greedy_tokens) of
-//   the pass's output at its last verified position + d, all in one LM-head product;
-// - serial (EAGLE, Gumiho's first drafts): draft 0 from the output at the last verified
-//   position p, then for j = 1 .. steps - 1 a head step at position p + j reads draft j - 1
-//   (the token after p + j) and the prediction it was scored from, writes its KV there and
-//   scores draft j.
-//
-// - then, for a Gumiho head (`mlp_drafts` > 0, after serial drafts), drafts steps .. steps +
-//   mlp_drafts - 1 from its first mlp_drafts MLP heads (draft_mlp_heads over `mlp_weights`)
-//   reading the last serial draft and its prediction, scored in one LM-head product.
-//
-// Returns (drafts [R, steps + mlp_drafts] int64, the predictions the last serial drafts, or
-// P-EAGLE's last drafts, were scored from [R, H]).
-// `stack` holds the decoder stack's shape as its op takes it: num_heads, num_kv_heads,
-// head_dim, intermediate_size, sliding_window.
+// A draft head's tensors and its decoder stack's shape, as greedy_head_drafts takes them.
 struct HeadTensors {
   const at::Tensor& embedding;
   const c10::optional<at::Tensor>& mask_embedding;
@@ -184,6 +160,30 @@ at::Tensor head_forward(const HeadTensors& h, const at::Tensor& ids, const at::T
                                       h.eps, ids.size(0));
 }
 
+// A greedy step's drafts in one call: the head's pass over each row's verified positions of the
+// step and `steps` greedy drafts per row, as the Python proposers make them a kernel at a time
+// (the same kernels on the same inputs, so the same drafts and head KV; what goes is the
+// interpreter between the kernels and the attention metadata built in numpy):
+//
+// - the pass: row r (batch row rows[r]) runs positions first[r] .. first[r] + num_verified[r]
+//   - 1, each with the token after it (token_ids[rows[r], position + 1]) and its hidden state
+//   (`hidden`, [sum(num_verified), H], flat in row order), its KV written to the position's
+//   slot in the row's blocks (block_table[rows[r]]); with `parallel` (P-EAGLE) each row runs
+//   steps - 1 masked slots after them (the head's mask embedding and hidden state);
+// - `parallel`: draft d of a row is the greedy draft (the LM head's argmax, greedy_tokens) of
+//   the pass's output at its last verified position + d, all in one LM-head product;
+// - serial (EAGLE, Gumiho's first drafts): draft 0 from the output at the last verified
+//   position p, then for j = 1 .. steps - 1 a head step at position p + j reads draft j - 1
+//   (the token after p + j) and the prediction it was scored from, writes its KV there and
+//   scores draft j;
+// - then, for a Gumiho head (`mlp_drafts` > 0, after serial drafts), drafts steps .. steps +
+//   mlp_drafts - 1 from its first mlp_drafts MLP heads (draft_mlp_heads over `mlp_weights`)
+//   reading the last serial draft and its prediction, scored in one LM-head product.
+//
+// Returns (drafts [R, steps + mlp_drafts] int64, the predictions the last serial drafts, or
+// P-EAGLE's last drafts, were scored from [R, H]).
+// `stack` holds the decoder stack's shape as its op takes it: num_heads, num_kv_heads,
+// head_dim, intermediate_size, sliding_window.
 std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
     const at::Tensor& hidden, const at::Tensor& rows, const at::Tensor& first,
     const at::Tensor& num_verified, int64_t steps, bool parallel, const at::Tensor& token_ids,

@@ -1,7 +1,7 @@
 """An EAGLE-family draft head's forward in two compiled calls (``octavo_draft_head``); its
 logits, its greedy drafts and a Gumiho head's parallel MLP heads in one call each; and a greedy
 step's whole drafting, the pass over the verified positions and the drafts (a serial head's
-steps, or P-EAGLE's masked slots), in one ``greedy_head_drafts`` call.
+steps, P-EAGLE's masked slots, Gumiho's MLP heads), in one ``greedy_head_drafts`` call.
 
 The head's modules make a pass of a few tokens from a dozen torch calls before its layer (the
 target's embedding lookup, a P-EAGLE head's two ``where``s over its masked slots, the
@@ -12,7 +12,7 @@ and the head's decoder stack (``octavo_cpu.decoder_stack``) runs the layer and t
 another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call,
 greedy drafts (the LM-head product and the argmax) in one ``greedy_tokens`` call, and with
 ``greedy_head_drafts`` the attention metadata of the pass and of each serial step are built in
-C++ too (batch 1, K = 4: EAGLE x1.27 faster than a call per kernel, BENCHMARKS.md).
+C++ too (batch 1, K = 4: EAGLE x1.25 faster than a call per kernel, BENCHMARKS.md).
 Bit for bit the modules' numbers (tests/platforms check it).
 
 Unless ``OCTAVO_CPU_DRAFT_WEIGHTS=float32``, the head's linears are packed again over bfloat16
