@@ -102,12 +102,12 @@ class GumihoProposer(EagleProposer):
 
     def _draft(self, context, verified, num_drafts, drafts, probs) -> None:
         """The serial head's drafts, then the rest from the MLP heads at once (sampled in
-        order, so each one's logits processors see the drafts before it); a greedy step's in
-        the head's one call where it has one (the MLP heads' too, where every row drafts K)."""
+        order, so each one's logits processors see the drafts before it); a greedy step where
+        every row drafts K in the head's one call, where the platform has one."""
         serial = min(self.k, self.model.num_serial_drafts)
         positions = verified.last
         one_call_mlp = self.model.one_call("draft_in_parallel") is not None
-        mlp_drafts = self.k - serial if one_call_mlp and (num_drafts == self.k).all() else 0
+        mlp_drafts = self.k - serial if one_call_mlp else 0
         at_once = self._greedy_at_once(
             context, verified, num_drafts, drafts, probs, serial, mlp_drafts=mlp_drafts
         )

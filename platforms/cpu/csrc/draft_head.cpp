@@ -160,6 +160,12 @@ at::Tensor head_forward(const HeadTensors& h, const at::Tensor& ids, const at::T
                                       h.eps, ids.size(0));
 }
 
+// The KV slot of `position` in a row's blocks (`row_table`).
+inline int64_t slot_of(const int32_t* row_table, int64_t position, int64_t block_size) {
+  return static_cast<int64_t>(row_table[position / block_size]) * block_size +
+         position % block_size;
+}
+
 // A greedy step's drafts in one call: the head's pass over each row's verified positions of the
 // step and `steps` greedy drafts per row, as the Python proposers make them a kernel at a time
 // (the same kernels on the same inputs, so the same drafts and head KV; what goes is the
@@ -210,6 +216,7 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
   TORCH_CHECK(mlp_drafts == 0 || !parallel,
               "greedy_head_drafts: MLP heads' drafts follow serial drafts only");
   const int64_t masked_slots = parallel ? steps - 1 : 0;
+  const int64_t scored_per_row = parallel ? steps : 1;  // the pass's outputs drafts come from
   const int64_t* row_of = rows.data_ptr<int64_t>();
   const int64_t* from = first.data_ptr<int64_t>();
   const int64_t* verified = num_verified.data_ptr<int64_t>();
@@ -240,7 +247,7 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
   at::Tensor slots = at::empty({num_tokens}, longs);
   at::Tensor masked = at::empty({num_tokens}, longs.dtype(at::kBool));
   at::Tensor query_start_loc = at::empty({R + 1}, ints), seq_lens = at::empty({R}, ints);
-  at::Tensor last = at::empty({R * (parallel ? steps : 1)}, longs);  // the outputs scored
+  at::Tensor last = at::empty({R * scored_per_row}, longs);
   int32_t* bt = row_tables.data_ptr<int32_t>();
   int64_t* id = ids.data_ptr<int64_t>();
   int64_t* pos = positions.data_ptr<int64_t>();
@@ -258,13 +265,12 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
       pos[t] = from[r] + i;
       is_masked[t] = i >= verified[r];
       id[t] = is_masked[t] ? 0 : tokens[row_of[r] * row_len + pos[t] + 1];
-      slot[t] = static_cast<int64_t>(row_table[pos[t] / block_size]) * block_size +
-                pos[t] % block_size;
+      slot[t] = slot_of(row_table, pos[t], block_size);
     }
     qsl[r + 1] = static_cast<int32_t>(t);
     lens[r] = static_cast<int32_t>(from[r] + count);
-    for (int64_t d = 0; d < (parallel ? steps : 1); ++d) {
-      scored[r * (parallel ? steps : 1) + d] = t - count + verified[r] - 1 + d;
+    for (int64_t d = 0; d < scored_per_row; ++d) {
+      scored[r * scored_per_row + d] = t - count + verified[r] - 1 + d;
     }
   }
   const HeadTensors h{embedding, mask_embedding, mask_hidden, fc_packed, fc_out, cos_cache,
@@ -292,9 +298,7 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
     int64_t* step_slot = step_slots.data_ptr<int64_t>();
     for (int64_t r = 0; r < R; ++r) {
       step_pos[r] = from[r] + verified[r] + j;  // p + j + 1, its token draft j
-      const int32_t* row_table = bt + r * num_cols;
-      step_slot[r] = static_cast<int64_t>(row_table[step_pos[r] / block_size]) * block_size +
-                     step_pos[r] % block_size;
+      step_slot[r] = slot_of(bt + r * num_cols, step_pos[r], block_size);
       lens[r] = static_cast<int32_t>(step_pos[r] + 1);
     }
     prediction = head_forward(h, drafts.select(0, j), prediction, c10::nullopt, step_positions,
