@@ -116,6 +116,9 @@ def heads(target, tmp_path) -> dict:
     eagle = write_random_eagle_head(tmp_path / "eagle", target, seed=1)
     p_eagle = write_random_eagle_head(tmp_path / "p-eagle", target, seed=2, parallel_drafting=True)
     gumiho = write_random_gumiho_head(tmp_path / "gumiho", target, seed=3)
+    p_eagle_2 = write_random_eagle_head(
+        tmp_path / "p-eagle-2", target, seed=4, parallel_drafting=True, layers=2
+    )
     return {
         "eagle": {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3},
         "p-eagle": {
@@ -124,11 +127,17 @@ def heads(target, tmp_path) -> dict:
             "num_speculative_tokens": 3,
             "parallel_drafting": True,
         },
+        "p-eagle-2-layers": {
+            "method": "eagle",
+            "model": str(p_eagle_2),
+            "num_speculative_tokens": 3,
+            "parallel_drafting": True,
+        },
         "gumiho": {"method": "gumiho", "model": str(gumiho), "num_speculative_tokens": 4},
     }
 
 
-@pytest.mark.parametrize("method", ["eagle", "p-eagle", "gumiho"])
+@pytest.mark.parametrize("method", ["eagle", "p-eagle", "p-eagle-2-layers", "gumiho"])
 def test_the_one_call_gives_the_modules_hidden_states_bit_for_bit(target, tmp_path, method):
     llm = make_llm(target, heads(target, tmp_path)[method])
     head = llm.engine.core.runner.speculation.proposer.model
@@ -138,7 +147,7 @@ def test_the_one_call_gives_the_modules_hidden_states_bit_for_bit(target, tmp_pa
     assert len(calls) > 10 and all(equal for *_, equal in calls), calls
     assert any(kind == "pass" and rows > 4 for kind, rows, *_ in calls), "no prompt chunk pass"
     assert any(kind == "greedy" for kind, *_ in calls), "no greedy drafts"
-    if method == "p-eagle":
+    if method.startswith("p-eagle"):
         assert any(masked for _, _, masked, _ in calls), "no pass with masked slots"
     if method == "gumiho":
         assert any(kind == "mlp" for kind, *_ in calls), "no MLP heads' drafts"
@@ -158,7 +167,7 @@ def drafts_of_a_run(llm: LLM) -> list:
     return [generate(llm), drafted]
 
 
-@pytest.mark.parametrize("method", ["eagle", "p-eagle", "gumiho"])
+@pytest.mark.parametrize("method", ["eagle", "p-eagle", "p-eagle-2-layers", "gumiho"])
 def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
     target, tmp_path, monkeypatch, method
 ):
@@ -187,6 +196,7 @@ def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
     expected = {
         "eagle": {(3, False, 0)},
         "p-eagle": {(3, True, 0)},
+        "p-eagle-2-layers": {(3, True, 0)},
         "gumiho": {(2, False, 2), (2, False, 0)},
     }[method]
     assert len(at_once) > 5 and set(at_once) <= expected

@@ -47,6 +47,16 @@ def p_eagle_head(tmp_path_factory, target_model) -> Path:
 
 
 @pytest.fixture(scope="session")
+def two_layer_p_eagle_head(tmp_path_factory, target_model) -> Path:
+    """A random P-EAGLE head of two decoder layers (a later layer's masked slots read the first
+    layer's outputs at the slots before them)."""
+    from octavo.testing.tiny_models import write_random_eagle_head
+
+    folder = tmp_path_factory.mktemp("spec_p_eagle_2") / "head"
+    return write_random_eagle_head(folder, target_model, seed=3, parallel_drafting=True, layers=2)
+
+
+@pytest.fixture(scope="session")
 def gumiho_head(tmp_path_factory, target_model) -> Path:
     """A random Gumiho head (2 serial drafts, 3 MLP heads) for the target."""
     from octavo.testing.tiny_models import write_random_gumiho_head

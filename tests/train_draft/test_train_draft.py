@@ -112,17 +112,21 @@ def test_a_short_run_writes_a_head_that_serves(target, tmp_path):
     assert losses(rerun["history"]) == losses(history[:2]) and rerun["acceptance"] is None
 
 
-def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path, monkeypatch):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_engine_runs_the_p_eagle_head_that_was_trained(target, tmp_path, monkeypatch, layers):
     """A pass anchored at t in the engine (real positions up to t, then masked slots, causal on
-    the paged cache) predicts what the trainer's all-anchors pass predicts for anchor t."""
+    the paged cache) predicts what the trainer's all-anchors pass predicts for anchor t, with
+    one layer or more (a later layer's slot reads the earlier layers' outputs before it)."""
     monkeypatch.setenv("OCTAVO_CPU_DRAFT_WEIGHTS", "float32")  # the trained numbers
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from octavo.train_draft.p_eagle import TrainableParallelHead
 
-    head_dir = write_random_eagle_head(tmp_path / "head", target, seed=4, parallel_drafting=True)
-    config = head_config(json.loads((target / "config.json").read_text()))
+    head_dir = write_random_eagle_head(
+        tmp_path / "head", target, seed=4, parallel_drafting=True, layers=layers
+    )
+    config = head_config(json.loads((target / "config.json").read_text()), layers)
     trained = TrainableParallelHead(LlamaConfig(**config), LlamaForCausalLM.from_pretrained(target))
     trained.load_state_dict(load_file(str(head_dir / "model.safetensors")))
     spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3}
@@ -232,3 +236,38 @@ def test_init_starts_a_p_eagle_head_from_an_eagle_head(target, tmp_path, capsys)
     assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
     assert "hidden_size 32" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+def test_more_layers_than_the_init_head_start_as_the_identity(target, tmp_path, capsys):
+    """``--layers 2 --init`` a one-layer head: the second layer starts with zero output
+    projections, so the new head predicts what the init head does (its drafts to start from);
+    ``--layers 0`` is refused."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from octavo.train_draft.p_eagle import TrainableParallelHead
+
+    init = write_random_eagle_head(tmp_path / "one", target, seed=7, parallel_drafting=True)
+    data = _corpus(tmp_path)
+    out = tmp_path / "two"
+    argv = ["train-draft", str(target), "--method", "p-eagle", "--data", str(data)]
+    argv += ["--steps", "2", "--stop-after", "1", "--batch-size", "2", "--window", "32"]
+    argv += ["--threads", "1", "--lr", "0", "--init", str(init)]
+    assert main([*argv, "--out", str(out), "--layers", "2"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["init"]["identity_layers"] == [1]
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    model = LlamaForCausalLM.from_pretrained(target)
+    target_config = json.loads((target / "config.json").read_text())
+    predictions = []
+    for folder, layers in ((init, 1), (out, 2)):
+        head = TrainableParallelHead(LlamaConfig(**head_config(target_config, layers)), model)
+        head.load_state_dict(load_file(str(folder / "model.safetensors")))
+        with torch.no_grad():
+            torch.manual_seed(0)
+            ids, hidden = torch.randint(3, 500, (1, 10)), torch.randn(1, 10, SPEC.hidden_size)
+            predictions.append(head.eval().forward_parallel(ids, hidden, 3))
+    torch.testing.assert_close(predictions[0], predictions[1], rtol=0, atol=0)
+
+    assert main([*argv, "--out", str(tmp_path / "none"), "--layers", "0"]) == 2
+    assert "--layers is 0" in capsys.readouterr().err

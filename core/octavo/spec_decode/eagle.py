@@ -1,5 +1,5 @@
-"""The EAGLE proposer: a trained one-layer head (``eagle_head``) drafts K tokens serially from
-the target's hidden states.
+"""The EAGLE proposer: a trained head (``eagle_head``, EAGLE's of one decoder layer) drafts K
+tokens serially from the target's hidden states.
 
 The head's KV, like a draft model's, lives in caches of its own on the target's block ids
 (sized, copied on write and swapped with the target's), so it needs no block manager of its

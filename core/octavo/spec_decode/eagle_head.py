@@ -1,14 +1,14 @@
-"""EAGLE's draft head for a Llama-family target: one decoder layer that reads, at position p,
-the target's hidden state at p (after its final norm) and the embedding of the token at p + 1,
-and predicts the target's hidden state at p + 1; the target's own LM head turns that into the
-next token's logits, and the prediction feeds the head's next step (K serial steps per verify
-step).
+"""EAGLE's draft head for a Llama-family target: a decoder layer (EAGLE's one, or a few) that
+reads, at position p, the target's hidden state at p (after its final norm) and the embedding of
+the token at p + 1, and predicts the target's hidden state at p + 1; the target's own LM head
+turns that into the next token's logits, and the prediction feeds the head's next step (K
+serial steps per verify step).
 
-A head folder holds ``config.json`` (a Llama config of one layer, ``"architectures":
-["EagleHead"]``, the target's ``hidden_size`` and ``vocab_size``) and ``model.safetensors``:
-``fc.weight [hidden, 2 * hidden]`` (the concatenation ``[embedding, hidden state]`` down to
-one hidden state), ``layers.0.*`` (Llama names), ``norm.weight``. Its embedding and LM head are
-the target's, not stored.
+A head folder holds ``config.json`` (a Llama config of its layers, usually one,
+``"architectures": ["EagleHead"]``, the target's ``hidden_size`` and ``vocab_size``) and
+``model.safetensors``: ``fc.weight [hidden, 2 * hidden]`` (the concatenation ``[embedding,
+hidden state]`` down to one hidden state), ``layers.{i}.*`` (Llama names), ``norm.weight``. Its
+embedding and LM head are the target's, not stored.
 """
 
 from __future__ import annotations
@@ -38,7 +38,18 @@ class EagleHead(StackedDecoder, nn.Module):
     # The platform's one-call forward of this head (``octavo_draft_head``), set by ``attach``.
     head_pass: Optional[Callable[..., torch.Tensor]] = None
 
-    def __init__(self, config, platform, *, block_size: int, device, tp: TPGroup = TPGroup()):
+    def __init__(
+        self,
+        config,
+        platform,
+        *,
+        block_size: int,
+        device,
+        tp: TPGroup = TPGroup(),
+        num_layers: Optional[int] = None,
+    ):
+        """``num_layers``: its decoder layers, the config's own (a head's config.json) unless
+        given."""
         super().__init__()
         self.dtype = config.dtype
         hidden = config.hidden_size
@@ -46,18 +57,9 @@ class EagleHead(StackedDecoder, nn.Module):
         self.fc = ColumnParallelLinear(
             2 * hidden, (hidden,), bias=False, dtype=config.dtype, device=device
         )
-        attn = LlamaAttention(
-            config,
-            platform,
-            block_size=block_size,
-            device=device,
-            tp=tp,
-            qkv_bias=False,
-            o_bias=False,
-            sliding_window=None,
-        )
+        count = config.num_hidden_layers if num_layers is None else num_layers
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, platform, attn, device=device, tp=tp)]
+            _decoder_layer(config, platform, block_size, device, tp) for _ in range(count)
         )
         self.norm = RMSNorm(
             hidden, config.rms_norm_eps, platform, dtype=config.dtype, device=device
@@ -137,18 +139,33 @@ class EagleHead(StackedDecoder, nn.Module):
         return expected_checkpoint_names(self, self.STACKED_PARAMS)
 
 
+def _decoder_layer(config, platform, block_size: int, device, tp: TPGroup) -> LlamaDecoderLayer:
+    """A Llama decoder layer of the head (full attention, no biases), on its own KV cache."""
+    attn = LlamaAttention(
+        config,
+        platform,
+        block_size=block_size,
+        device=device,
+        tp=tp,
+        qkv_bias=False,
+        o_bias=False,
+        sliding_window=None,
+    )
+    return LlamaDecoderLayer(config, platform, attn, device=device, tp=tp)
+
+
 def check_eagle_head(
     head, target, architecture: str = ARCHITECTURE, fmt: str = "octavo.spec_decode.eagle_head"
 ) -> None:
     """A head must name ``architecture`` (EagleHead; a Gumiho head is one with more, format
-    ``fmt``), have one layer and be made for a target of this hidden size and vocabulary
-    (``ModelConfig`` of each); else a ConfigError naming what differs."""
+    ``fmt``), have at least one layer and be made for a target of this hidden size and
+    vocabulary (``ModelConfig`` of each); else a ConfigError naming what differs."""
     where = "speculative_config.model"
-    if head.architecture != architecture or head.num_hidden_layers != 1:
+    if head.architecture != architecture or head.num_hidden_layers < 1:
         raise ConfigError(
             f"{where} is not a head of architecture {architecture!r}: its config.json names "
             f"{head.architecture!r} with {head.num_hidden_layers} layer(s); a head is "
-            f"{architecture!r} with 1 layer (the format: {fmt})"
+            f"{architecture!r} with 1 or more layers (the format: {fmt})"
         )
     for field in ("hidden_size", "vocab_size"):
         if getattr(head, field) != getattr(target, field):
@@ -158,11 +175,11 @@ def check_eagle_head(
             )
 
 
-def head_config(target_config: dict[str, Any]) -> dict[str, Any]:
+def head_config(target_config: dict[str, Any], layers: int = 1) -> dict[str, Any]:
     """The ``config.json`` of a head for a target of HF config ``target_config``: the target's
-    layer shape, one layer, the head's architecture."""
+    layer shape, ``layers`` of them, the head's architecture."""
     config = dict(target_config)
-    config.update(architectures=[ARCHITECTURE], num_hidden_layers=1, tie_word_embeddings=False)
+    config.update(architectures=[ARCHITECTURE], num_hidden_layers=layers, tie_word_embeddings=False)
     return config
 
 
@@ -171,17 +188,21 @@ def head_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     hidden, mlp = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
-    layer = "layers.0."
-    return {
-        "fc.weight": (hidden, 2 * hidden),
-        f"{layer}self_attn.q_proj.weight": (heads * head_dim, hidden),
-        f"{layer}self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-        f"{layer}self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-        f"{layer}self_attn.o_proj.weight": (hidden, heads * head_dim),
-        f"{layer}mlp.gate_proj.weight": (mlp, hidden),
-        f"{layer}mlp.up_proj.weight": (mlp, hidden),
-        f"{layer}mlp.down_proj.weight": (hidden, mlp),
-        f"{layer}input_layernorm.weight": (hidden,),
-        f"{layer}post_attention_layernorm.weight": (hidden,),
-        "norm.weight": (hidden,),
-    }
+    shapes = {"fc.weight": (hidden, 2 * hidden)}
+    for i in range(config["num_hidden_layers"]):
+        layer = f"layers.{i}."
+        shapes.update(
+            {
+                f"{layer}self_attn.q_proj.weight": (heads * head_dim, hidden),
+                f"{layer}self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                f"{layer}self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                f"{layer}self_attn.o_proj.weight": (hidden, heads * head_dim),
+                f"{layer}mlp.gate_proj.weight": (mlp, hidden),
+                f"{layer}mlp.up_proj.weight": (mlp, hidden),
+                f"{layer}mlp.down_proj.weight": (hidden, mlp),
+                f"{layer}input_layernorm.weight": (hidden,),
+                f"{layer}post_attention_layernorm.weight": (hidden,),
+            }
+        )
+    shapes["norm.weight"] = (hidden,)
+    return shapes

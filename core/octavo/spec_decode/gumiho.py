@@ -3,7 +3,7 @@ MLP heads.
 
 ``{"method": "gumiho", "model": HEAD, "num_speculative_tokens": K}``. The early drafts decide
 how many of the later ones can count, so they get the stronger model: the head folder holds an
-EAGLE head (``octavo.spec_decode.eagle_head``: ``fc``, one decoder layer, ``norm``) that drafts
+EAGLE head (``octavo.spec_decode.eagle_head``: ``fc``, its decoder layers, ``norm``) that drafts
 the first ``num_serial_drafts`` tokens (2) serially, as EAGLE does, its KV on the target's block
 ids, and ``num_parallel_heads`` MLP heads that draft the rest at once, from the same inputs and
 independent of one another (one LM-head product scores them all). MLP head i
@@ -13,10 +13,11 @@ residual, ``norm``) and predicts the hidden state i + 1 positions after that dra
 target's LM head scores. The MLP heads keep no KV; K is at most ``num_serial_drafts +
 num_parallel_heads``.
 
-``config.json``: the EAGLE head's (the target's layer shape, one layer) with ``"architectures":
-["GumihoHead"]``, ``num_serial_drafts``, ``num_parallel_heads``, ``parallel_intermediate_size``;
-``model.safetensors``: the EAGLE head's tensors and ``parallel_heads.{i}.fc.weight``,
-``.mlp_norm.weight``, ``.mlp.{gate,up,down}_proj.weight``, ``.norm.weight``.
+``config.json``: the EAGLE head's (the target's layer shape, its number of layers) with
+``"architectures": ["GumihoHead"]``, ``num_serial_drafts``, ``num_parallel_heads``,
+``parallel_intermediate_size``; ``model.safetensors``: the EAGLE head's tensors and
+``parallel_heads.{i}.fc.weight``, ``.mlp_norm.weight``, ``.mlp.{gate,up,down}_proj.weight``,
+``.norm.weight``.
 """
 
 from __future__ import annotations
@@ -160,10 +161,14 @@ def check_gumiho_head(head, target, num_speculative_tokens: int) -> None:
 
 
 def gumiho_head_config(
-    target_config: dict[str, Any], num_parallel_heads: int, parallel_intermediate_size: int
+    target_config: dict[str, Any],
+    num_parallel_heads: int,
+    parallel_intermediate_size: int,
+    layers: int = 1,
 ) -> dict[str, Any]:
-    """The ``config.json`` of a Gumiho head for a target of HF config ``target_config``."""
-    config = head_config(target_config)
+    """The ``config.json`` of a Gumiho head (its serial head of ``layers`` decoder layers) for a
+    target of HF config ``target_config``."""
+    config = head_config(target_config, layers)
     config.update(
         architectures=[ARCHITECTURE],
         num_serial_drafts=NUM_SERIAL_DRAFTS,

@@ -45,7 +45,10 @@ class MtpHead(EagleHead):
     own ModelConfig (``model_cls``), then ``attach``-ed to the target."""
 
     def __init__(self, config, platform, *, block_size: int, device, **kwargs):
-        super().__init__(config, platform, block_size=block_size, device=device, **kwargs)
+        # the target's config: one MTP layer, whatever the target's own depth
+        super().__init__(
+            config, platform, block_size=block_size, device=device, num_layers=1, **kwargs
+        )
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.enorm = RMSNorm(hidden, eps, platform, dtype=config.dtype, device=device)
         self.hnorm = RMSNorm(hidden, eps, platform, dtype=config.dtype, device=device)

@@ -9,6 +9,10 @@ in serial EAGLE, the last one with the newest token), then K - 1 slots that read
 embedding and hidden state; the outputs from the last verified position on score the K drafts.
 The KV written at the masked slots is rewritten by the head's pass once their tokens are
 verified, as serial drafts' is; drafts never touch the output (verification is lossless).
+
+With one layer a masked slot sees the slots before it only through their inputs, never what
+the head predicts there; with two or more (P-EAGLE's own heads have several), a later layer's
+slot attends to the earlier layers' outputs at the slots before it.
 """
 
 from __future__ import annotations

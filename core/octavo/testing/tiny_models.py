@@ -188,16 +188,21 @@ def write_tiny_model(
 
 
 def write_random_eagle_head(
-    folder: Path, target: Path, seed: int = 0, std: float = 0.1, parallel_drafting: bool = False
+    folder: Path,
+    target: Path,
+    seed: int = 0,
+    std: float = 0.1,
+    parallel_drafting: bool = False,
+    layers: int = 1,
 ) -> Path:
-    """An EAGLE head of random weights for the model in ``target`` (its drafts are mostly
-    rejected: for tests of losslessness, not of acceptance); with ``parallel_drafting``, the
-    P-EAGLE mask inputs too (``octavo.spec_decode.p_eagle``)."""
+    """An EAGLE head of ``layers`` decoder layers and random weights for the model in ``target``
+    (its drafts are mostly rejected: for tests of losslessness, not of acceptance); with
+    ``parallel_drafting``, the P-EAGLE mask inputs too (``octavo.spec_decode.p_eagle``)."""
     import json
 
     from octavo.spec_decode.eagle_head import head_config, head_tensor_shapes
 
-    config = head_config(json.loads((target / "config.json").read_text()))
+    config = head_config(json.loads((target / "config.json").read_text()), layers)
     shapes = head_tensor_shapes(config)
     if parallel_drafting:
         shapes.update(mask_embedding=(config["hidden_size"],), mask_hidden=(config["hidden_size"],))
@@ -253,7 +258,7 @@ def add_random_mtp_layer(folder: Path, seed: int = 0, std: float = 0.1) -> Path:
     tensors = load_file(str(weights_path))
     generator = torch.Generator().manual_seed(seed)
     renames = {"fc.weight": "eh_proj.weight", "norm.weight": "shared_head.norm.weight"}
-    shapes = head_tensor_shapes(config)
+    shapes = head_tensor_shapes({**config, "num_hidden_layers": 1})  # an MTP layer's names
     shapes.update({"enorm.weight": shapes["norm.weight"], "hnorm.weight": shapes["norm.weight"]})
     for name, shape in shapes.items():
         noise = torch.randn(shape, generator=generator) * std

@@ -54,6 +54,13 @@ def add_train_draft_parser(commands) -> None:
         "or Gumiho head of the same target): each tensor this head has by the same name and "
         "shape starts from it, the others from the seed",
     )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=1,
+        help="the head's decoder layers (default 1; with --init, the layers past the init "
+        "head's start as the identity, so training starts from that head's drafts)",
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument(
         "--stop-after",
@@ -85,6 +92,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    if args.layers < 1:
+        raise ValueError(f"--layers is {args.layers}; a head has at least one decoder layer")
     torch.manual_seed(args.seed)
     target_dir, out = Path(args.target), Path(args.out)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
@@ -98,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     head_cls, settings_cls, loss_fn, serving = METHODS[args.method]
     method = settings_cls()
     config = head_cls.checkpoint_config(
-        json.loads((target_dir / "config.json").read_text()), method
+        json.loads((target_dir / "config.json").read_text()), method, args.layers
     )
     head = head_cls(LlamaConfig(**config), target)
     init = None if args.init is None else warm_start(head, config, Path(args.init))
@@ -106,11 +115,6 @@ def _run(args: argparse.Namespace) -> int:
     history = _train(head, optimizer, windows, args, lambda batch: loss_fn(head, batch, method))
     out.mkdir(parents=True, exist_ok=True)
     _save(head, config, out)
-    acceptance = (
-        None
-        if args.stop_after is not None
-        else measure_acceptance(target_dir, out, files, tokenizer, args.eval_prompts, serving)
-    )
     metrics = {
         "method": args.method,
         "settings": {
@@ -124,11 +128,18 @@ def _run(args: argparse.Namespace) -> int:
         },
         "init": init,
         "history": history,
-        "acceptance": acceptance,
+        "acceptance": None,
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     _plot(history, out / "loss_curve.png")
-    print(json.dumps({"acceptance": acceptance, "final": history[-1]}, indent=2))
+    metrics_path = out / "metrics.json"  # written before the measurement, kept if it fails
+    metrics_path.write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    if args.stop_after is None:
+        acceptance = measure_acceptance(
+            target_dir, out, files, tokenizer, args.eval_prompts, serving
+        )
+        metrics["acceptance"] = acceptance
+        metrics_path.write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    print(json.dumps({"acceptance": metrics["acceptance"], "final": history[-1]}, indent=2))
     return 0
 
 
@@ -153,10 +164,20 @@ def warm_start(head: TrainableEagleHead, config: dict, folder: Path) -> dict:
     if not shared:
         raise ValueError(f"{where} has no tensor of this head's names and shapes")
     head.load_state_dict(shared, strict=False)
+    added = [
+        i
+        for i in range(len(head.layers))
+        if not any(name.startswith(f"layers.{i}.") for name in shared)
+    ]
+    with torch.no_grad():  # a residual layer whose outputs are zero passes its input on
+        for i in added:
+            head.layers[i].self_attn.o_proj.weight.zero_()
+            head.layers[i].mlp.down_proj.weight.zero_()
     return {
         "folder": str(folder),
         "loaded": sorted(shared),
         "from_seed": sorted(set(own) - set(shared)),
+        "identity_layers": added,
     }
 
 

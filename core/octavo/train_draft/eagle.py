@@ -40,17 +40,20 @@ class TrainableEagleHead(nn.Module):
         head_config._attn_implementation = "sdpa"  # causal attention without a mask
         hidden = head_config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(head_config, 0)])
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(head_config, i) for i in range(head_config.num_hidden_layers)
+        )
         self.norm = LlamaRMSNorm(hidden, eps=head_config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(head_config)
         self._target = (target,)  # not a submodule: frozen, not saved
 
     @staticmethod
-    def checkpoint_config(target_config: dict, method) -> dict:
-        """The head's ``config.json`` for a target of HF config ``target_config``."""
+    def checkpoint_config(target_config: dict, method, layers: int = 1) -> dict:
+        """The ``config.json`` of a head of ``layers`` decoder layers for a target of HF config
+        ``target_config``."""
         from octavo.spec_decode.eagle_head import head_config
 
-        return head_config(target_config)
+        return head_config(target_config, layers)
 
     @property
     def target(self) -> nn.Module:
@@ -63,9 +66,19 @@ class TrainableEagleHead(nn.Module):
         x = self.fc(torch.cat([embeds, hidden], dim=-1))
         positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
         cos_sin = self.rotary_emb(x, positions)
-        out = self.layers[0](x, position_embeddings=cos_sin, position_ids=positions)
-        out = out[0] if isinstance(out, tuple) else out
-        return self.norm(out)
+        return self.norm(self.run_layers(x, positions, cos_sin))
+
+    def run_layers(self, x, positions, cos_sin, attention_mask=None) -> torch.Tensor:
+        """The decoder layers over ``x [B, T, H]`` (causal, or under ``attention_mask``)."""
+        for layer in self.layers:
+            out = layer(
+                x,
+                attention_mask=attention_mask,
+                position_embeddings=cos_sin,
+                position_ids=positions,
+            )
+            x = out[0] if isinstance(out, tuple) else out
+        return x
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """The tensors of the head's checkpoint (the rotary buffers are recomputed)."""

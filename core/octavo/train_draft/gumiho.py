@@ -69,9 +69,9 @@ class TrainableGumihoHead(TrainableEagleHead):
         )
 
     @staticmethod
-    def checkpoint_config(target_config: dict, method: GumihoTraining) -> dict:
+    def checkpoint_config(target_config: dict, method: GumihoTraining, layers: int = 1) -> dict:
         return gumiho_head_config(
-            target_config, method.num_parallel_heads, method.parallel_intermediate_size
+            target_config, method.num_parallel_heads, method.parallel_intermediate_size, layers
         )
 
     def draft_in_parallel(self, last_ids: torch.Tensor, hidden: torch.Tensor) -> list:

@@ -52,10 +52,7 @@ class TrainableParallelHead(TrainableEagleHead):
         visible = parallel_attention_mask(anchor, level)
         bias = torch.zeros(visible.shape, dtype=x.dtype).masked_fill(~visible, float("-inf"))
         cos_sin = self.rotary_emb(x, positions)
-        out = self.layers[0](
-            x, attention_mask=bias[None, None], position_embeddings=cos_sin, position_ids=positions
-        )
-        out = out[0] if isinstance(out, tuple) else out
+        out = self.run_layers(x, positions, cos_sin, attention_mask=bias[None, None])
         return self.norm(out).view(batch, depth, length, size)
 
 

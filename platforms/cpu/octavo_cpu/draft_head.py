@@ -8,8 +8,8 @@ target's embedding lookup, a P-EAGLE head's two ``where``s over its masked slots
 concatenation, ``fc``, two rotary-table lookups), each costing more than its arithmetic on a
 batch-1 step: ~110 us of a ~370 us head pass of the demo model, against ~25 us of kernels.
 ``draft_head_inputs`` (csrc/draft_head.cpp) makes the same pairs, ``fc`` and tables in one call,
-and the head's decoder stack (``octavo_cpu.decoder_stack``) runs the layer and the norm in
-another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call,
+and the head's decoder stack (``octavo_cpu.decoder_stack``) runs its layers (one, or a few)
+and the norm in another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call,
 greedy drafts (the LM-head product and the argmax) in one ``greedy_tokens`` call, and with
 ``greedy_head_drafts`` the attention metadata of the pass and of each serial step are built in
 C++ too (batch 1, K = 4: EAGLE x1.25 faster than a call per kernel, BENCHMARKS.md).
@@ -21,7 +21,7 @@ drafts are scored by a bfloat16 copy of the target's LM head (half the LM head's
 more memory): drafts never reach the output, and a batch-1 head pass streams half the bytes
 (the demo model's heads accept within 0.2% of their float32 figures; BENCHMARKS.md).
 
-It applies where the head's layer runs as a decoder stack, every linear is packed for the
+It applies where the head's layers run as a decoder stack, every linear is packed for the
 compiled GEMM, everything is float32 on one tensor-parallel rank, and the head reads its inputs
 and scores its drafts as the EAGLE head does (not an MTP layer, which norms them first); the MLP
 heads where theirs are packed too. Elsewhere the head runs its modules over float32 weights.
@@ -223,7 +223,7 @@ def _unfit(head: Any, ops: Any) -> Optional[str]:
     if any(getattr(type(head), m) is not getattr(EagleHead, m) for m in methods):
         return f"{type(head).__name__} reads its inputs or scores its drafts its own way"
     if not isinstance(head.decoder_stack, DecoderStack):
-        return "its layer does not run as a compiled decoder stack"
+        return "its layers do not run as a compiled decoder stack"
     embedding = head.embed_tokens
     if getattr(embedding, "tp", None) is None or embedding.tp.size != 1:
         return "a vocabulary split across tensor-parallel ranks"
