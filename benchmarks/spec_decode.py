@@ -165,6 +165,20 @@ def configs(draft: Path, k: int) -> dict[str, dict | None]:
     }
 
 
+def head_folder_config(folder: Path, k: int) -> dict:
+    """A draft head's folder run as its method names it (``--head``), every draft scheduled: a
+    Gumiho head as ``gumiho``, an EAGLE head with mask inputs as P-EAGLE, else as ``eagle``."""
+    from safetensors import safe_open
+
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    config = {"model": str(folder), "num_speculative_tokens": k, "adaptive": False}
+    if architecture == "GumihoHead":
+        return {**config, "method": "gumiho"}
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        parallel = "mask_embedding" in weights.keys()
+    return {**config, "method": "eagle", **({"parallel_drafting": True} if parallel else {})}
+
+
 def held_out_prompts(num: int, tokenizer) -> list[list[int]]:
     """The first 128 tokens of ``num`` held-out standard-library files."""
     import sysconfig
@@ -230,14 +244,25 @@ def main() -> None:
         default="none,ngram,ngram-every,draft_model,draft-every",
         help="comma-separated subset to run ('none' is always run: the speed-ups are against it)",
     )
+    parser.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="also run the draft head in FOLDER as configuration NAME, every draft scheduled "
+        "(for example a head before and after more training, side by side; repeatable)",
+    )
     args = parser.parse_args()
-    chosen = {"none", *args.configs.split(",")}
+    heads = dict(entry.split("=", 1) for entry in args.head)
+    chosen = {"none", *args.configs.split(","), *heads}
     ks = [int(k) for k in args.num_speculative_tokens.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         draft = layer_skip_draft(Path(tmp) / "demo-1-layer")
         engines = {}
         for k in ks:
-            for name, config in configs(draft, k).items():
+            every = configs(draft, k)
+            every.update({name: head_folder_config(Path(f), k) for name, f in heads.items()})
+            for name, config in every.items():
                 if name in chosen and (config is not None or "none" not in engines):
                     label = name if config is None or len(ks) == 1 else f"{name}-k{k}"
                     engines[label] = LLM(

@@ -9,10 +9,11 @@ concatenation, ``fc``, two rotary-table lookups), each costing more than its ari
 batch-1 step: ~110 us of a ~370 us head pass of the demo model, against ~25 us of kernels.
 ``draft_head_inputs`` (csrc/draft_head.cpp) makes the same pairs, ``fc`` and tables in one call,
 and the head's decoder stack (``octavo_cpu.decoder_stack``) runs its layers (one, or a few)
-and the norm in another. A Gumiho head's MLP heads (six module calls each) run in one ``draft_mlp_heads`` call,
-greedy drafts (the LM-head product and the argmax) in one ``greedy_tokens`` call, and with
-``greedy_head_drafts`` the attention metadata of the pass and of each serial step are built in
-C++ too (batch 1, K = 4: EAGLE x1.25 faster than a call per kernel, BENCHMARKS.md).
+and the norm in another. A Gumiho head's MLP heads (six module calls each) run in one
+``draft_mlp_heads`` call, greedy drafts (the LM-head product and the argmax) in one
+``greedy_tokens`` call, and with ``greedy_head_drafts`` the attention metadata of the pass and
+of each serial step are built in C++ too (batch 1, K = 4: EAGLE x1.25 faster than a call per
+kernel, BENCHMARKS.md).
 Bit for bit the modules' numbers (tests/platforms check it).
 
 Unless ``OCTAVO_CPU_DRAFT_WEIGHTS=float32``, the head's linears are packed again over bfloat16
