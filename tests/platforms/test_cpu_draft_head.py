@@ -119,8 +119,10 @@ def heads(target, tmp_path) -> dict:
     p_eagle_2 = write_random_eagle_head(
         tmp_path / "p-eagle-2", target, seed=4, parallel_drafting=True, layers=2
     )
+    eagle_2 = write_random_eagle_head(tmp_path / "eagle-2", target, seed=5, layers=2)
     return {
         "eagle": {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3},
+        "eagle-2-layers": {"method": "eagle", "model": str(eagle_2), "num_speculative_tokens": 3},
         "p-eagle": {
             "method": "eagle",
             "model": str(p_eagle),
@@ -137,7 +139,9 @@ def heads(target, tmp_path) -> dict:
     }
 
 
-@pytest.mark.parametrize("method", ["eagle", "p-eagle", "p-eagle-2-layers", "gumiho"])
+@pytest.mark.parametrize(
+    "method", ["eagle", "eagle-2-layers", "p-eagle", "p-eagle-2-layers", "gumiho"]
+)
 def test_the_one_call_gives_the_modules_hidden_states_bit_for_bit(target, tmp_path, method):
     llm = make_llm(target, heads(target, tmp_path)[method])
     head = llm.engine.core.runner.speculation.proposer.model
@@ -167,7 +171,9 @@ def drafts_of_a_run(llm: LLM) -> list:
     return [generate(llm), drafted]
 
 
-@pytest.mark.parametrize("method", ["eagle", "p-eagle", "p-eagle-2-layers", "gumiho"])
+@pytest.mark.parametrize(
+    "method", ["eagle", "eagle-2-layers", "p-eagle", "p-eagle-2-layers", "gumiho"]
+)
 def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
     target, tmp_path, monkeypatch, method
 ):
@@ -195,6 +201,7 @@ def test_the_one_call_drafts_what_the_modules_draft_over_float32_weights(
     # and the other 2 from its MLP heads (all of them where every row drafts 4)
     expected = {
         "eagle": {(3, False, 0)},
+        "eagle-2-layers": {(3, False, 0)},
         "p-eagle": {(3, True, 0)},
         "p-eagle-2-layers": {(3, True, 0)},
         "gumiho": {(2, False, 2), (2, False, 0)},
