@@ -271,3 +271,22 @@ def test_more_layers_than_the_init_head_start_as_the_identity(target, tmp_path, 
 
     assert main([*argv, "--out", str(tmp_path / "none"), "--layers", "0"]) == 2
     assert "--layers is 0" in capsys.readouterr().err
+
+
+def test_a_failed_acceptance_measurement_keeps_the_runs_metrics(target, tmp_path, monkeypatch):
+    """The head and metrics.json (its history) are written before the held-out measurement."""
+    import octavo.train_draft.cli as cli
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the measurement failed")
+
+    monkeypatch.setattr(cli, "measure_acceptance", fails)
+    data = _corpus(tmp_path)
+    out = tmp_path / "head"
+    argv = ["train-draft", str(target), "--data", str(data), "--out", str(out), "--steps", "2"]
+    argv += ["--batch-size", "2", "--window", "32", "--threads", "1"]
+    with pytest.raises(RuntimeError, match="the measurement failed"):
+        main(argv)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["history"]) == 2 and metrics["acceptance"] is None
+    assert (out / "model.safetensors").is_file()

@@ -145,7 +145,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def warm_start(head: TrainableEagleHead, config: dict, folder: Path) -> dict:
     """Load into ``head`` (of checkpoint ``config``) the tensors of the head in ``folder`` that
-    it has by name and shape; what was loaded and what keeps its seeded initial values."""
+    it has by name and shape, and make its layers that got none the identity (zero output
+    projections: the head starts from the loaded one's predictions); what was loaded, what
+    keeps its seeded initial values and which layers start as the identity."""
     from safetensors.torch import load_file
 
     where = f"--init {str(folder)!r}"
