@@ -15,8 +15,11 @@
 // many rows and is bound by arithmetic. Tiles: up to kRowTile rows against one panel (the panel
 // stays in L1 while the rows pass over it), and for the last few rows (or a 1-row decode) fewer
 // rows against several panels, so there are always about a dozen independent FMA chains for the
-// two FMA units to overlap. Threads split the work by panel groups (each thread streams its own
-// part of the weight) and, for many rows, by chunks of rows.
+// two FMA units to overlap. With AVX-512's 32 registers a batch of up to kFewRowsMax (12) rows
+// is one few-row tile (each panel streams from memory once, where whole row tiles and then the
+// rows left over would stream the weight twice), and 2-6 rows take 2-4 panels at a time.
+// Threads split the work by panel groups (each thread streams its own part of the weight) and,
+// for many rows, by chunks of rows.
 //
 // A tile of two or more rows spends several FMAs on each cache line of its one to three panel
 // streams, and the hardware prefetcher then keeps too few lines in flight to hide the latency
@@ -25,7 +28,10 @@
 // pass over the demo model's 17 layers (16 MB, from L3) on a Zen 3: 2-3 rows x1.1-1.3 faster,
 // 4-6 rows x1.4-1.8 (over runs on a noisy host), 8-32 rows x1.1-1.4; 1 row (no prefetch) and,
 // on two threads, 64 or more rows about the same. Weights that stream from DRAM gain little
-// (BENCHMARKS.md, issue 16 eighth part).
+// (BENCHMARKS.md, issue 16 eighth part). On an Intel Xeon with AVX-512 (family 6 model 207)
+// the prefetch of a tile of two to four panels' next panels costs instead (2-3 rows 25% slower
+// than without), while a one-panel tile still gains: the AVX-512 build prefetches in one-panel
+// tiles only (BENCHMARKS.md, issue 18 eighteenth part). The AVX2 build keeps the Zen 3 tuning.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -75,6 +81,20 @@ inline Reg load(const at::BFloat16* p) {
 
 constexpr int64_t kPanel = 2 * kLanes;  // NR: output columns per panel
 constexpr int kRowTile = 6;             // 12 accumulators + 2 weight registers + 1 broadcast
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kFewRowsMax = 12;     // 24 accumulators + 2 weight registers + 1 broadcast
+constexpr bool kPrefetchWideTiles = false;
+// Panels per few-row tile of `rows` rows: 8-24 accumulators (1-3 rows x 4 panels, 4-6 x 2,
+// 7-12 x 1) and 2-8 weight registers.
+constexpr int64_t panels_for(int64_t rows) { return rows <= 3 ? 4 : rows <= 6 ? 2 : 1; }
+#else
+constexpr int64_t kFewRowsMax = kRowTile - 1;  // 16 registers: more rows make whole row tiles
+constexpr bool kPrefetchWideTiles = true;
+// Panels per few-row tile of `rows` rows: about a dozen accumulators in all.
+constexpr int64_t panels_for(int64_t rows) {
+  return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1;
+}
+#endif
 constexpr int64_t kGroupPanels = 4;     // panels per work item
 constexpr int64_t kChunkRows = 96;      // about as many rows per work item (they stay in L2)
 constexpr int64_t kLineBytes = 64;      // a cache line
@@ -88,8 +108,9 @@ inline void prefetch_panel_row(const W* w) {
 }
 
 // R rows of x against NP consecutive panels at w; y gets the first `columns` of the tile's
-// NP * kPanel outputs (fewer at the weight's last panel). With two or more rows, the
-// `next_panels` panels at `next` (the next tile's) are prefetched on the way.
+// NP * kPanel outputs (fewer at the weight's last panel). With two or more rows (and on
+// AVX-512 one panel), the `next_panels` panels at `next` (the next tile's) are prefetched on
+// the way.
 template <int R, int NP, typename W>
 inline void tile(const float* x, int64_t K, const W* w, float* y, int64_t N, int64_t columns,
                  const W* next, int64_t next_panels) {
@@ -98,13 +119,14 @@ inline void tile(const float* x, int64_t K, const W* w, float* y, int64_t N, int
     for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = broadcast(0.f);
   }
   const int64_t panel_stride = K * kPanel;
+  constexpr bool prefetch = R > 1 && (NP == 1 || kPrefetchWideTiles);
   for (int64_t k = 0; k < K; ++k) {
     Reg lo[NP], hi[NP];
     for (int p = 0; p < NP; ++p) {
       lo[p] = load(w + p * panel_stride + k * kPanel);
       hi[p] = load(w + p * panel_stride + k * kPanel + kLanes);
     }
-    for (int64_t p = 0; R > 1 && p < next_panels; ++p) {
+    for (int64_t p = 0; prefetch && p < next_panels; ++p) {
       prefetch_panel_row(next + p * panel_stride + k * kPanel);
     }
     for (int r = 0; r < R; ++r) {
@@ -162,10 +184,7 @@ inline void full_tile(const float* xt, int64_t K, const W* w, float* y, int64_t 
   }
 }
 
-// Panels per tile for a tile of `rows` rows: about a dozen accumulators in all.
-constexpr int64_t panels_for(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
-
-// `rows` (< kRowTile) rows against `np` panels, in tiles of panels_for(rows) panels; the
+// `rows` (at most kFewRowsMax) rows against `np` panels, in tiles of panels_for(rows) panels; the
 // weight has `panels_after` more panels after them (a tile's prefetch may reach into those).
 template <typename W>
 void few_rows(int64_t rows, const float* x, int64_t K, const W* w, int64_t np, float* y,
@@ -191,6 +210,21 @@ void few_rows(int64_t rows, const float* x, int64_t K, const W* w, int64_t np, f
       case 3 * 8 + 1: OCTAVO_TILE(3, 1); break;
       case 4 * 8 + 1: OCTAVO_TILE(4, 1); break;
       case 5 * 8 + 1: OCTAVO_TILE(5, 1); break;
+#if defined(CPU_CAPABILITY_AVX512)
+      case 2 * 8 + 4: OCTAVO_TILE(2, 4); break;
+      case 3 * 8 + 4: OCTAVO_TILE(3, 4); break;
+      case 3 * 8 + 3: OCTAVO_TILE(3, 3); break;
+      case 4 * 8 + 2: OCTAVO_TILE(4, 2); break;
+      case 5 * 8 + 2: OCTAVO_TILE(5, 2); break;
+      case 6 * 8 + 2: OCTAVO_TILE(6, 2); break;
+      case 6 * 8 + 1: OCTAVO_TILE(6, 1); break;
+      case 7 * 8 + 1: OCTAVO_TILE(7, 1); break;
+      case 8 * 8 + 1: OCTAVO_TILE(8, 1); break;
+      case 9 * 8 + 1: OCTAVO_TILE(9, 1); break;
+      case 10 * 8 + 1: OCTAVO_TILE(10, 1); break;
+      case 11 * 8 + 1: OCTAVO_TILE(11, 1); break;
+      case 12 * 8 + 1: OCTAVO_TILE(12, 1); break;
+#endif
       default: TORCH_CHECK(false, "gemm: no tile for ", rows, " rows x ", n, " panels");
     }
 #undef OCTAVO_TILE
@@ -250,7 +284,9 @@ void packed_product(const float* xp, const W* wp, float* yp, int64_t M, int64_t 
   const bool weight_major = P * kPanel > M;
   // The rows of each whole row tile, packed once as [K][kRowTile], so that a tile's broadcasts
   // read one stream instead of kRowTile rows.
-  const int64_t tiles = M / kRowTile;
+  // Up to kFewRowsMax rows are one few-row tile, with no whole row tiles.
+  const bool few_only = M <= kFewRowsMax;
+  const int64_t tiles = few_only ? 0 : M / kRowTile;
   // The calling thread's buffer, kept between calls (no page faults per call); the workers use
   // it through this pointer (each thread has its own thread_local).
   thread_local std::vector<float> buffer;
@@ -274,7 +310,7 @@ void packed_product(const float* xp, const W* wp, float* yp, int64_t M, int64_t 
       const int64_t group = weight_major ? item / row_chunks : item % groups;
       const int64_t m0 = chunk * chunk_rows, m1 = std::min(M, m0 + chunk_rows);
       const int64_t p0 = group * kGroupPanels, np = std::min(kGroupPanels, P - p0);
-      const int64_t full = m0 + (m1 - m0) / kRowTile * kRowTile;
+      const int64_t full = few_only ? m0 : m0 + (m1 - m0) / kRowTile * kRowTile;
       for (int64_t p = p0; p < p0 + np; ++p) {  // each panel stays in L1 across the row tiles
         for (int64_t m = m0; m < full; m += kRowTile) {
           const W* next = m == m0 && p + 1 < P ? wp + (p + 1) * K * kPanel : nullptr;
