@@ -21,8 +21,11 @@ layer-skip draft with the target's trained weights and tokenizer, written to a t
 folder), so its acceptance is that of a real, cheaper model.
 
 Configurations are alternated round by round (the host is noisy); each figure is the median of
-its rounds. The acceptance figures come from the engine's own counters (over the drafts that
-were scheduled: the adaptive policy schedules fewer).
+its rounds, and the speed-up is printed twice: the ratio of the medians, and the median of each
+round's ratio against that round's run without speculation (paired: on a host whose speed
+drifts from round to round, the steadier of the two). The acceptance figures come from the
+engine's own counters (over the drafts that were scheduled: the adaptive policy schedules
+fewer).
 """
 
 from __future__ import annotations
@@ -291,16 +294,26 @@ def main() -> None:
                     figures[workload][name].append(run(llm)[0])
     report = {}
     for workload in workloads:
-        base = statistics.median(figures[workload]["none"])
+        base_rounds = figures[workload]["none"]
+        base = statistics.median(base_rounds)
         for name in engines:
             tok_s = statistics.median(figures[workload][name])
             same = outputs[workload][name] == outputs[workload]["none"]
-            row = {"output_tok_s": tok_s, "speedup": tok_s / base, "same_tokens": same}
+            # Each round runs every engine in turn: its ratio against that round's run without
+            # speculation holds on a host whose speed drifts between rounds.
+            paired = statistics.median(a / b for a, b in zip(figures[workload][name], base_rounds))
+            row = {
+                "output_tok_s": tok_s,
+                "speedup": tok_s / base,
+                "paired_speedup": paired,
+                "same_tokens": same,
+            }
             row.update(acceptance[workload][name])
             row["rounds"] = figures[workload][name]
             report[f"{workload}/{name}"] = row
             print(
                 f"{workload:11s} {name:12s} {tok_s:9.1f} tok/s  x{tok_s / base:4.2f}  "
+                f"paired x{paired:4.2f}  "
                 f"acceptance length {row.get('mean_acceptance_length', 1.0):.2f}  "
                 f"same tokens: {same}"
             )
