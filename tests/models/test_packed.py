@@ -70,6 +70,28 @@ def test_the_compiled_gemm_gives_f_linear_numbers_whatever_the_batch(isa, shape)
         assert torch.equal(out, alone[:rows]), f"{rows} rows: a row depends on its batch"
 
 
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("shape", [(100, 7), (8200, 32)])
+def test_weights_kept_in_bfloat16_multiply_as_their_float32_values(isa, shape):
+    """A draft head's weights packed in bfloat16 and widened in registers: every row count
+    through every tile, the same bits as the float32 product over the weights rounded to
+    bfloat16."""
+    if isa not in runnable_isas():
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+    ops = kernels._load(isa).ops
+    out_features, in_features = shape
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    narrow = ops.pack_linear_weight_bf16(weight)
+    widened = ops.pack_linear_weight(weight.bfloat16().float())
+    x = torch.randn(31, in_features, generator=generator)
+    for rows in (*range(1, 14), 31):
+        got, expected = torch.empty(rows, out_features), torch.empty(rows, out_features)
+        ops.linear(got, x[:rows], narrow)
+        ops.linear(expected, x[:rows], widened)
+        assert torch.equal(got, expected), f"{rows} rows"
+
+
 def test_the_compiled_gemm_refuses_what_does_not_fit():
     if not runnable_isas():
         pytest.skip("no compiled library built for this CPU")

@@ -21,7 +21,7 @@
 // Threads split the work by panel groups (each thread streams its own part of the weight) and,
 // for many rows, by chunks of rows.
 //
-// A tile of two or more rows spends several FMAs on each cache line of its one to three panel
+// A tile of two or more rows spends several FMAs on each cache line of its one to four panel
 // streams, and the hardware prefetcher then keeps too few lines in flight to hide the latency
 // of the last-level cache. So such tiles prefetch the next tile's panels as they go (the line
 // at the same k; a whole-row tile, the next panel while its first rows pass). One thread, one
@@ -85,7 +85,8 @@ constexpr int kRowTile = 6;             // 12 accumulators + 2 weight registers 
 constexpr int64_t kFewRowsMax = 12;     // 24 accumulators + 2 weight registers + 1 broadcast
 constexpr bool kPrefetchWideTiles = false;
 // Panels per few-row tile of `rows` rows: 8-24 accumulators (1-3 rows x 4 panels, 4-6 x 2,
-// 7-12 x 1) and 2-8 weight registers.
+// 7-12 x 1) and 2-8 weight registers (3 rows x 4 panels hold one value more than the registers,
+// and still beat 3 panels, whose groups of 4 leave a one-panel tile behind).
 constexpr int64_t panels_for(int64_t rows) { return rows <= 3 ? 4 : rows <= 6 ? 2 : 1; }
 #else
 constexpr int64_t kFewRowsMax = kRowTile - 1;  // 16 registers: more rows make whole row tiles
