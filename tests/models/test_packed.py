@@ -46,20 +46,27 @@ def test_a_onednn_product_gives_f_linear_numbers(dtype, rows):
         torch.testing.assert_close(product(x), expected, atol=1e-5, rtol=1e-5)
 
 
+def compiled_case(isa: str, shape: tuple[int, int], seed: int, rows: int):
+    """``(ops, weight [out, in], x [rows, in])``: the ``isa`` library's ops (skipped where it
+    does not run) and a scaled random weight and rows for it."""
+    if isa not in runnable_isas():
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+    out_features, in_features = shape
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    x = torch.randn(rows, in_features, generator=generator)
+    return kernels._load(isa).ops, weight, x
+
+
 @pytest.mark.parametrize("isa", kernels.ISAS)
 @pytest.mark.parametrize("shape", [(96, 80), (100, 7), (8200, 32), (5, 300)])
 def test_the_compiled_gemm_gives_f_linear_numbers_whatever_the_batch(isa, shape):
     """Every row count through each tiling (a 1-row GEMV, the few-row tiles, whole row tiles,
     several row chunks), output widths that leave a part panel, odd inner sizes: close to
     F.linear, and each row the same bits as that row multiplied alone (batch invariance)."""
-    if isa not in runnable_isas():
-        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
-    ops = kernels._load(isa).ops
-    out_features, in_features = shape
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    ops, weight, x = compiled_case(isa, shape, seed=0, rows=203)
+    out_features = shape[0]
     packed = ops.pack_linear_weight(weight)
-    x = torch.randn(203, in_features, generator=generator)
     alone = torch.empty(203, out_features)
     for row in range(203):
         ops.linear(alone[row : row + 1], x[row : row + 1], packed)
@@ -76,15 +83,10 @@ def test_weights_kept_in_bfloat16_multiply_as_their_float32_values(isa, shape):
     """A draft head's weights packed in bfloat16 and widened in registers: every row count
     through every tile, the same bits as the float32 product over the weights rounded to
     bfloat16."""
-    if isa not in runnable_isas():
-        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
-    ops = kernels._load(isa).ops
-    out_features, in_features = shape
-    generator = torch.Generator().manual_seed(1)
-    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    ops, weight, x = compiled_case(isa, shape, seed=1, rows=31)
+    out_features = shape[0]
     narrow = ops.pack_linear_weight_bf16(weight)
     widened = ops.pack_linear_weight(weight.bfloat16().float())
-    x = torch.randn(31, in_features, generator=generator)
     for rows in (*range(1, 14), 31):
         got, expected = torch.empty(rows, out_features), torch.empty(rows, out_features)
         ops.linear(got, x[:rows], narrow)
