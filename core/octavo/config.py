@@ -19,7 +19,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HASH_ALGOS = ("sha256", "fast")
-QUANTIZATIONS = ("fp8",)
+QUANTIZATIONS = ("fp8", "int8")
 GiB = 1 << 30
 
 

@@ -97,7 +97,7 @@ def test_hub_id_says_models_must_be_local(octavo_platform):
 
 
 def test_file_instead_of_folder(llama_copy, octavo_platform):
-    with pytest.raises(ConfigError, match="is not a folder"):
+    with pytest.raises(ConfigError, match="is neither a folder nor a .gguf file"):
         config_of(llama_copy / "config.json", octavo_platform)
 
 

@@ -9,7 +9,7 @@ from typing import Iterable, Optional, Union
 from octavo.config import EngineArgs
 from octavo.engine.engine_core import EngineCore
 from octavo.inputs import InputProcessor, ProcessedRequest, PromptType, RequestOptions
-from octavo.model_executor.tokenizer import load_tokenizer
+from octavo.model_executor.tokenizer import check_vocabulary, load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.outputs.processor import OutputProcessor
 from octavo.platform.facade import Platform
@@ -31,6 +31,7 @@ class LLMEngine:
         self.model_config = self.core.model_config
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         mc = self.model_config
+        check_vocabulary(self.tokenizer, mc.vocab_size, self.args.tokenizer or self.args.model)
         self.grammar_backend = LazyGrammarBackend(
             self.tokenizer,
             mc.vocab_size,

@@ -16,6 +16,8 @@ from octavo.models.layers.fp8 import quantize_model
 from octavo.models.layers.linear import TPGroup
 from octavo.models.weights import CheckpointTensor
 from octavo.platform.facade import Platform
+from octavo.quantization.gguf_file import GgufCheckpoint
+from octavo.quantization.quantized_linear import attach_quantized, keep_quantized, quantize_int8
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -59,9 +61,10 @@ def model_class(config: ModelConfig, platform: Platform) -> type:
     architecture."""
     architectures = platform.model_architectures()
     if config.architecture not in architectures:
+        where = config.model_path if config.is_gguf else config.model_path / "config.json"
         raise ConfigError(
             f"architecture {config.architecture!r} "
-            f"(from {str(config.model_path / 'config.json')!r}) is not "
+            f"(from {str(where)!r}) is not "
             f"supported; supported architectures: {', '.join(sorted(architectures)) or 'none'}"
         )
     return architectures[config.architecture]
@@ -79,7 +82,9 @@ def load_model(
     model_cls: Optional[type] = None,
 ) -> nn.Module:
     """Construct the model on ``device`` in ``config.dtype`` and load every checkpoint tensor,
-    then quantise its linear layers when ``quantization`` (``"fp8"``) is given.
+    then quantise its linear layers when ``quantization`` (``"fp8"``, ``"int8"``) is given. A
+    GGUF file's linear layers stay in their quantized types where the platform has kernels for
+    them (``octavo.quantization.quantized_linear``), the rest are dequantized.
 
     A tensor the model needs but the checkpoint lacks, or one of the wrong shape, is a
     ConfigError naming it.
@@ -87,7 +92,19 @@ def load_model(
     check_quantization(quantization)
     cls = model_cls or model_class(config, platform)
     model = cls(config, platform, block_size=block_size, device=device, tp=tp)
-    consumed = model.load_weights(iterate_checkpoint(config.model_path))
+    kept: dict = {}
+    if config.is_gguf:
+        if quantization is not None:
+            raise ConfigError(
+                f"{str(config.model_path)!r} is a GGUF file, quantized already: drop "
+                f"--quantization {quantization} (it applies to safetensors checkpoints)"
+            )
+        checkpoint = GgufCheckpoint(config.model_path, dict(config.hf_config))
+        kept = keep_quantized(model, checkpoint, platform, tp.size)
+        tensors = checkpoint.iterate(model.checkpoint_tensor_names())
+    else:
+        tensors = iterate_checkpoint(config.model_path)
+    consumed = model.load_weights(tensors)
     missing = sorted(model.checkpoint_tensor_names() - consumed)
     if missing:
         shown = ", ".join(repr(n) for n in missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -96,4 +113,7 @@ def load_model(
             f"is missing {len(missing)} tensor(s) that "
             f"{config.architecture} needs: {shown}"
         )
+    attach_quantized(kept, platform)
+    if quantization == "int8":
+        return quantize_int8(model, platform).eval()
     return quantize_model(model, platform, quantization).eval()

@@ -32,15 +32,31 @@ def resolve_model_folder(model: Union[str, Path]) -> Path:
         raise ConfigError(f"model folder {str(model)!r} does not exist")
     if not path.is_dir():
         raise ConfigError(
-            f"model path {str(model)!r} is not a folder; pass the HuggingFace model folder"
+            f"model path {str(model)!r} is neither a folder nor a .gguf file; pass the "
+            "HuggingFace model folder or a GGUF file"
         )
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model folder {str(path)!r} has no config.json; a HuggingFace model folder holds "
             "config.json, model.safetensors (or model.safetensors.index.json) "
-            "and the tokenizer files"
+            "and the tokenizer files (or pass a GGUF file, or a folder holding just one)"
         )
     return path.resolve()
+
+
+def read_model_configs(model: Union[str, Path]) -> tuple[Path, dict, dict]:
+    """``(path, config.json, generation_config.json)`` of a model folder, or of a GGUF file
+    (``path`` the file; the two dicts from its metadata)."""
+    from octavo.quantization.gguf_file import gguf_file, gguf_hf_config
+
+    gguf = gguf_file(model)
+    if gguf is not None:
+        hf, generation = gguf_hf_config(gguf)
+        return gguf, hf, generation
+    path = resolve_model_folder(model)
+    generation_file = path / "generation_config.json"
+    generation = read_json(generation_file) if generation_file.is_file() else {}
+    return path, read_json(path / "config.json"), generation
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -122,6 +138,11 @@ class ModelConfig:
         default_factory=dict, compare=False, repr=False
     )
 
+    @property
+    def is_gguf(self) -> bool:
+        """Whether the checkpoint is a GGUF file (``model_path`` the file)."""
+        return self.model_path.is_file()
+
     def __reduce__(self):  # to a tensor-parallel worker: the read-only views go as dicts
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields["hf_config"] = dict(self.hf_config)
@@ -138,19 +159,14 @@ class ModelConfig:
         platform_name: str = "this platform",
         max_model_len: Optional[int] = None,
     ) -> "ModelConfig":
-        """Read ``config.json`` (and ``generation_config.json`` when present) from ``model``."""
-        path = resolve_model_folder(model)
-        hf = read_json(path / "config.json")
-        generation = (
-            read_json(path / "generation_config.json")
-            if (path / "generation_config.json").is_file()
-            else {}
-        )
+        """Read ``config.json`` (and ``generation_config.json`` when present) from ``model``, or
+        the metadata of a GGUF file (``model`` the file, or a folder holding just one)."""
+        path, hf, generation = read_model_configs(model)
+        config_file = str(path) if path.is_file() else str(path / "config.json")
         architectures = hf.get("architectures") or []
         if len(architectures) != 1:
             raise ConfigError(
-                f"{str(path / 'config.json')!r} must name exactly one architecture, "
-                f"got {architectures!r}"
+                f"{config_file!r} must name exactly one architecture, got {architectures!r}"
             )
         missing = [
             k
@@ -164,7 +180,7 @@ class ModelConfig:
             if k not in hf
         ]
         if missing:
-            raise ConfigError(f"{str(path / 'config.json')!r} lacks {', '.join(missing)}")
+            raise ConfigError(f"{config_file!r} lacks {', '.join(missing)}")
         heads = int(hf["num_attention_heads"])
         max_pos = int(hf.get("max_position_embeddings", 2048))
         if max_model_len is not None and max_model_len > max_pos:

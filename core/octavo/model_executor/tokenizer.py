@@ -32,6 +32,7 @@ import tokenizers
 
 from octavo.errors import ConfigError
 from octavo.model_executor.model_config import read_json, resolve_model_folder
+from octavo.quantization.gguf_file import gguf_file
 
 logger = logging.getLogger("octavo.tokenizer")
 
@@ -124,8 +125,10 @@ def load_tokenizer(
     cached before (no transformers import), else loaded by transformers and cached if it can be.
     A tokenizer that cannot be cached is returned as transformers loads it.
 
-    ``cache_dir``: where the cache files live (default ``~/.cache/octavo/tokenizers``)."""
-    path = resolve_model_folder(model)
+    ``cache_dir``: where the cache files live (default ``~/.cache/octavo/tokenizers``).
+    ``model`` may be a GGUF file (or a folder holding one): its tokenizer is the one
+    transformers builds from the file's metadata."""
+    path = tokenizer_source(model)
     cache_file = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser() / f"{cache_key(path)}.json"
     cached = _cached_tokenizer(path, cache_file)
     if cached is not None:
@@ -138,14 +141,38 @@ def load_tokenizer(
     return Tokenizer(path, info, hf)
 
 
+def check_vocabulary(tokenizer: Any, vocab_size: int, source: Union[str, Path]) -> None:
+    """A ConfigError when the tokenizer of ``source`` has more tokens than the model's
+    vocabulary (a ``--tokenizer`` of another model): its ids would index past the embedding."""
+    if isinstance(tokenizer, Tokenizer):
+        size = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    else:
+        size = len(tokenizer)
+    if size > vocab_size:
+        raise ConfigError(
+            f"the tokenizer of {str(source)!r} has {size} tokens, more than the model's "
+            f"vocabulary of {vocab_size}: it is another model's tokenizer; pass the one that "
+            "came with the model (--tokenizer FOLDER), or leave --tokenizer out"
+        )
+
+
+def tokenizer_source(model: Union[str, Path]) -> Path:
+    """The model folder, or the GGUF file, that ``model`` names."""
+    return gguf_file(model) or resolve_model_folder(model)
+
+
 def load_hf_tokenizer(model: Union[str, Path]) -> Any:
     """The model's tokenizer, as transformers ``AutoTokenizer`` loads it (local files only).
 
     A folder whose ``tokenizer_config.json`` names the generic ``tokenizer.json`` class is loaded
     by that class directly: the same tokenizer, without ``AutoTokenizer`` first reading the model
     config, which imports the model's transformers modules (seconds of start-up)."""
-    path = resolve_model_folder(model)
+    path = tokenizer_source(model)
     try:
+        if path.is_file():  # a GGUF file: transformers converts the tokenizer in its metadata
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         if _names_generic_tokenizer(path):
             from transformers import PreTrainedTokenizerFast
 
@@ -196,6 +223,10 @@ def cache_key(path: Path) -> str:
     for library in ("transformers", "tokenizers"):
         digest.update(f"{library}={_version(library)}\n".encode())
     digest.update(f"format={CACHE_FORMAT}\n".encode())
+    if path.is_file():  # a GGUF file (too large to hash at each start): its identity and age
+        stat = path.stat()
+        digest.update(f"{path}\n{stat.st_size}\n{stat.st_mtime_ns}\n".encode())
+        return digest.hexdigest()
     files = [*path.iterdir(), *(path / CHAT_TEMPLATES_DIR).glob("*")]
     for file in sorted(p for p in files if p.is_file()):
         if file.suffix not in WEIGHT_SUFFIXES:

@@ -239,6 +239,38 @@ def scaled_mm(
     return out.to(out_dtype)
 
 
+# --- weight-only quantized linear layers ----------------------------------------------------
+
+
+def dequantize_rows(raw: torch.Tensor, quant_type: str, in_features: int) -> torch.Tensor:
+    """``raw uint8 [N, row_bytes]`` (see ``octavo.quantization.quant_types``) -> the weight
+    ``float32 [N, in_features]`` it holds: GGUF's types as the ``gguf`` package dequantizes
+    them, ``int8`` rows as ``int8 values * float32 scale``."""
+    from octavo.quantization.quant_types import INT8, gguf_quant_type, row_bytes
+
+    raw = raw.contiguous()
+    assert raw.dtype == torch.uint8 and raw.dim() == 2
+    assert raw.shape[1] == row_bytes(quant_type, in_features)
+    if quant_type == INT8:
+        values = raw[:, :in_features].view(torch.int8).float()
+        scale = raw[:, in_features:].contiguous().view(torch.float32)
+        return values * scale
+    from gguf.quants import dequantize
+
+    out = dequantize(raw.cpu().numpy(), gguf_quant_type(quant_type))
+    return torch.from_numpy(out.reshape(raw.shape[0], in_features).copy()).to(raw.device)
+
+
+def quantized_linear(
+    x: torch.Tensor, raw: torch.Tensor, quant_type: str, in_features: int
+) -> torch.Tensor:
+    """``x [M, K] @ W^T`` in float32 over the dequantized weight, cast to ``x.dtype``: the
+    product a platform's kernel over the quantized rows must approach (it may quantize ``x`` as
+    well, see the conformance suite's budget)."""
+    weight = dequantize_rows(raw, quant_type, in_features)
+    return (x.float() @ weight.t()).to(x.dtype)
+
+
 # --- speculative decoding ----------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from octavo.platform.types import (
     LinearPacker,
     MemoryInfo,
     PlatformInfo,
+    QuantizedLinearPacker,
     RejectionSamplerFn,
     RMSNormFn,
     RotaryFn,
@@ -159,6 +160,14 @@ class Platform:
     def linear_packer(self, dtype: torch.dtype) -> Optional[LinearPacker]:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""
         return self.pm.hook.octavo_linear_packer(platform=self.info, dtype=dtype)
+
+    @functools.lru_cache(maxsize=None)
+    def quantized_linear_packer(self, quant_type: str) -> Optional[QuantizedLinearPacker]:
+        """The platform's matmul over weights kept in ``quant_type``'s rows, or None (the
+        weights are dequantized at load)."""
+        return self.pm.hook.octavo_quantized_linear_packer(
+            platform=self.info, quant_type=quant_type
+        )
 
     def decoder_stack(self, layers: torch.nn.Module, norm: torch.nn.Module) -> Optional[Any]:
         """The platform's one-call run of Llama decoder ``layers`` and the final ``norm``

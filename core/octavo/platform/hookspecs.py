@@ -29,6 +29,7 @@ from octavo.platform.types import (
     LinearPacker,
     MemoryInfo,
     PlatformInfo,
+    QuantizedLinearPacker,
     RejectionSamplerFn,
     RMSNormFn,
     RotaryFn,
@@ -188,6 +189,21 @@ def octavo_linear_packer(platform: PlatformInfo, dtype: torch.dtype) -> Optional
     example over a copy of the weight reordered for the platform's GEMM). None: ``F.linear``.
 
     Stops at the first non-None result. Called once at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_quantized_linear_packer(
+    platform: PlatformInfo, quant_type: str
+) -> Optional[QuantizedLinearPacker]:
+    """Return how this platform multiplies linear layers whose weights are kept quantized in
+    ``quant_type``'s rows (``octavo.quantization.quant_types``: a GGUF type such as ``"Q8_0"``,
+    ``"Q4_0"``, ``"Q4_K"``, or ``"int8"`` for ``--quantization int8``): a ``pack(raw,
+    in_features)`` called once per weight at load, returning ``fn(x) -> x @ W.T``. None: no
+    kernel for that type here (a GGUF file's tensors of it are dequantized at load, and
+    ``--quantization int8`` is refused).
+
+    Optional. Stops at the first non-None result. Called once per type at start-up.
     """
 
 

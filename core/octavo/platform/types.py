@@ -189,6 +189,12 @@ LinearPacker = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 """``pack(weight [N, K]) -> fn(x [M, K]) -> x @ weight.T [M, N]``: called once per weight at load
 (the platform may keep a copy in its own layout); ``fn`` must give ``F.linear``'s numbers."""
 
+QuantizedLinearPacker = Callable[[torch.Tensor, int], Callable[[torch.Tensor], torch.Tensor]]
+"""``pack(raw uint8 [N, row_bytes], in_features K) -> fn(x [..., K]) -> [..., N]`` in ``x``'s
+dtype: a weight kept in one quantized row format (``octavo.quantization.quant_types``), packed
+once at load. ``fn`` approaches ``octavo.ops.reference.quantized_linear`` within the budget of
+the conformance suite (it may quantize ``x`` to 8 bits per block of 32 on the way)."""
+
 
 class RejectionSamplerFn(Protocol):
     """The speculative-decoding verifier: lossless rejection sampling of draft tokens.
