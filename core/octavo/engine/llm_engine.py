@@ -31,7 +31,8 @@ class LLMEngine:
         self.model_config = self.core.model_config
         self.tokenizer = load_tokenizer(self.args.tokenizer or self.args.model)
         mc = self.model_config
-        check_vocabulary(self.tokenizer, mc.vocab_size, self.args.tokenizer or self.args.model)
+        if self.args.tokenizer is not None:  # another folder's: is it this model's?
+            check_vocabulary(self.tokenizer, mc.vocab_size, self.args.tokenizer)
         self.grammar_backend = LazyGrammarBackend(
             self.tokenizer,
             mc.vocab_size,

@@ -87,6 +87,12 @@ def _write_tokenizer(writer, folder: Path) -> None:
     writer.add_bos_token_id(vocab.get("<s>", 1))
     writer.add_eos_token_id(vocab.get("</s>", 2))
     writer.add_add_bos_token(True)  # as the folder's post-processor does
+    config_file = folder / "tokenizer_config.json"
+    template = (
+        json.loads(config_file.read_text()).get("chat_template") if config_file.is_file() else None
+    )
+    if template:
+        writer.add_chat_template(template)
 
 
 def _permuted(weight: torch.Tensor, name: str, config: dict) -> torch.Tensor:
