@@ -19,6 +19,7 @@ ISA_FLAGS = {
         "-mavx512dq",
         "-mavx512bf16",
         "-mfma",
+        "-mf16c",
         "-DCPU_CAPABILITY=AVX512",  # ATen's vector types (at::vec) for this ISA
         "-DCPU_CAPABILITY_AVX512",
     ],
@@ -33,6 +34,7 @@ SOURCES = [
     "csrc/argmax.cpp",
     "csrc/decoder_stack.cpp",
     "csrc/draft_head.cpp",
+    "csrc/quantized_gemm.cpp",
 ]
 
 

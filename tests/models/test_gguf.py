@@ -101,16 +101,18 @@ def test_native_kernels_agree_with_dequantized(
     arch, quant_type, gguf_files, make_runner, octavo_platform, monkeypatch
 ):
     """The platform's kernels over the kept blocks (which may round the activations to 8 bits)
-    give the dequantized path's greedy tokens on most prompts."""
+    give the dequantized path's next token on most prompts. (Only the next: a random-weight
+    model's logits are so close together that any rounding soon leads its greedy text
+    elsewhere; the real model's test compares whole outputs.)"""
     if octavo_platform.quantized_linear_packer(quant_type) is None:
         pytest.skip(f"platform {octavo_platform.name!r} has no {quant_type} kernel here")
     path = gguf_files(arch, quant_type)
     runner = make_runner(path)
     kept = [m.quant_method for m in runner.model.modules() if hasattr(m, "quant_method")]
     assert any(getattr(q, "quant_type", None) == quant_type for q in kept)
-    native = run_greedy(runner, GREEDY_PROMPTS, MAX_TOKENS)
+    native = run_greedy(runner, GREEDY_PROMPTS, 1)
     monkeypatch.setattr(octavo_platform, "quantized_linear_packer", lambda quant_type: None)
-    dequantized = run_greedy(make_runner(path), GREEDY_PROMPTS, MAX_TOKENS)
+    dequantized = run_greedy(make_runner(path), GREEDY_PROMPTS, 1)
     agree = sum(a == b for a, b in zip(native, dequantized))
     assert agree >= len(GREEDY_PROMPTS) * 3 // 4, (agree, native, dequantized)
 

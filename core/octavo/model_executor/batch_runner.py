@@ -53,7 +53,7 @@ class RunnerConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    quantization: Optional[str] = None  # "fp8": linear weights quantised at load
+    quantization: Optional[str] = None  # "fp8" or "int8": linear weights quantised at load
     speculative_config: Optional[SpeculativeConfig] = None
     enforce_eager: bool = True  # False: the platform's graph_runner compiles the forward
     compile_cache_dir: Optional[str] = None

@@ -39,6 +39,10 @@ def register_fakes(namespace: str) -> None:
     def _linear(out, x, packed):
         return None
 
+    @torch.library.register_fake(f"{namespace}::quantized_linear")
+    def _quantized_linear(out, x, packed, quant_type, in_features):
+        return None
+
     @torch.library.register_fake(f"{namespace}::rotary_embedding")
     def _rotary_embedding(query, key, cos, sin, head_dim):
         return None  # query and key are rotated in place

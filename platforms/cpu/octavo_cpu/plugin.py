@@ -24,6 +24,7 @@ from octavo_cpu.decoder_stack import make_decoder_stack
 from octavo_cpu.draft_head import describe_draft_weights, make_draft_head
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
+from octavo_cpu.quantized_gemm import quantized_packer
 from octavo_cpu.rejection_sampler import make_greedy_verify, rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
 from octavo_cpu.rotary import make_rotary_embedding
@@ -143,6 +144,12 @@ def octavo_silu_and_mul(platform):
 def octavo_linear_packer(platform, dtype):
     if _mine(platform):
         return linear_packer(dtype, widened=slow_matmul_dtypes())
+
+
+@hookimpl
+def octavo_quantized_linear_packer(platform, quant_type):
+    if _mine(platform):
+        return quantized_packer(quant_type)
 
 
 @hookimpl

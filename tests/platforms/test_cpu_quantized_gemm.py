@@ -1,0 +1,75 @@
+"""The cpu platform's quantized GEMM (csrc/quantized_gemm.cpp) on both ISA builds: against the
+dequantized weight times the activations rounded to int8 per block of 32 as the kernel rounds
+them (so only summation order differs), for every row count a tile can see, and a row's result
+alone equal, bit for bit, to the same row inside a batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo.ops import reference
+from octavo.testing.conformance.quantized_cases import random_rows
+from octavo_cpu import kernels
+from octavo_cpu.quantized_gemm import KERNEL_TYPES, pack_rows
+
+pytest.importorskip("gguf")
+ROW_COUNTS = (*range(1, 14), 31, 97, 203)
+EXACT_TYPES = ("Q8_0", "Q4_0", "int8")  # w = d * q: the rounded activations are the whole error
+
+
+def isa_ops(isa: str):
+    if kernels._library_path(isa) is None or isa not in kernels.supported_isas(kernels.cpu_flags()):
+        pytest.skip(f"no {isa} library built, or this CPU cannot run it")
+    return kernels._load(isa).ops
+
+
+def run(ops, raw: torch.Tensor, quant_type: str, x: torch.Tensor) -> torch.Tensor:
+    k = x.shape[1]
+    packed = pack_rows(raw.numpy(), quant_type, k)
+    out = torch.empty(x.shape[0], raw.shape[0])
+    ops.quantized_linear(out, x.contiguous(), packed, KERNEL_TYPES[quant_type], k)
+    return out
+
+
+def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the kernel sees it: each block of 32 rounded to int8 steps of amax / 127."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))  # as the kernel does
+    steps = torch.round(blocks * inverse)
+    return (steps * scale).reshape(x.shape)
+
+
+@pytest.mark.parametrize("quant_type", EXACT_TYPES)
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_against_the_rounded_activations(isa, quant_type):
+    ops = isa_ops(isa)
+    for k, n in ((64, 7), (576, 193), (1536, 64)):
+        raw = random_rows(quant_type, n, k, seed=k)
+        weight = reference.dequantize_rows(raw, quant_type, k)
+        for m in ROW_COUNTS:
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+            expected = rounded_per_block(x) @ weight.t()
+            torch.testing.assert_close(run(ops, raw, quant_type, x), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("quant_type", ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "int8"))
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_a_row_alone_equals_the_row_in_a_batch(isa, quant_type):
+    ops = isa_ops(isa)
+    raw = random_rows(quant_type, 77, 512, seed=3)
+    x = torch.randn(13, 512, generator=torch.Generator().manual_seed(3))
+    batch = run(ops, raw, quant_type, x)
+    for row in (0, 5, 12):
+        assert torch.equal(run(ops, raw, quant_type, x[row : row + 1]), batch[row : row + 1])
+
+
+def test_shape_errors_are_clear():
+    ops = isa_ops(kernels.supported_isas(kernels.cpu_flags())[0])
+    raw = random_rows("Q8_0", 8, 64, seed=0)
+    packed = pack_rows(raw.numpy(), "Q8_0", 64)
+    with pytest.raises(RuntimeError, match="x has 32 columns; the weight takes 64"):
+        ops.quantized_linear(torch.empty(1, 8), torch.randn(1, 32), packed, 0, 64)
+    with pytest.raises(RuntimeError, match="is not 8 rows of"):
+        ops.quantized_linear(torch.empty(1, 8), torch.randn(1, 64), packed, 1, 64)
