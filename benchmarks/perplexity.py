@@ -22,6 +22,8 @@ import math
 import textwrap
 import time
 
+# ruff: noqa: I001 - octavo comes before torch: it sets OMP_WAIT_POLICY before OpenMP loads
+import octavo  # noqa: F401
 import torch
 
 

@@ -57,6 +57,8 @@ LLAMA_CPP_CMAKE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
 )
+LLAMA_CPP_TARGETS = ("llama-server", "llama-quantize", "llama-perplexity")
+"""The server, and the tools benchmarks/real_model.py quantizes and scores GGUF files with."""
 ENGINES = ("vllm", "octavo", "llamacpp", "transformers")
 SERVE_ENGINES = ("vllm", "octavo", "llamacpp")
 # llama.cpp has no offline batch API (like vLLM's LLM.generate): it is measured serving only.
@@ -326,7 +328,7 @@ def vendored_commit(changelog: str, version: str) -> str | None:
 
 def build_llama_cpp(log) -> dict:
     """Download LLAMA_CPP_PYTHON's sdist, unpack its vendor/llama.cpp into DEFAULT_LLAMA_CPP and
-    build ``llama-server`` there; what was built (written to LLAMA_CPP_HOME/build-info.json)."""
+    build LLAMA_CPP_TARGETS there; what was built (written to LLAMA_CPP_HOME/build-info.json)."""
     version = LLAMA_CPP_PYTHON.split("==")[1]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=LLAMA_CPP_HOME) as download:
@@ -357,7 +359,7 @@ def build_llama_cpp(log) -> dict:
     build = DEFAULT_LLAMA_CPP / "build"
     for command in (
         ["cmake", "-S", DEFAULT_LLAMA_CPP, "-B", build, *flags],
-        ["cmake", "--build", build, "--target", "llama-server", "-j", "2"],
+        ["cmake", "--build", build, "--target", *LLAMA_CPP_TARGETS, "-j", "2"],
     ):
         log.write(shlex.join(map(str, command)) + "\n")
         log.flush()
@@ -372,10 +374,16 @@ def build_llama_cpp(log) -> dict:
     return info
 
 
-def ensure_llama_cpp(tree: Path) -> Path:
-    """A llama.cpp source tree with ``build/bin/llama-server`` built; builds it in
-    DEFAULT_LLAMA_CPP first if that is the tree asked for."""
+def ensure_llama_cpp(tree: Path, tools: tuple[str, ...] = ()) -> Path:
+    """A llama.cpp source tree with ``build/bin/llama-server`` (and ``tools``, more targets, such
+    as ``llama-quantize``) built; builds it in DEFAULT_LLAMA_CPP first if that is the tree asked
+    for. In a tree built before without some of ``tools``, those are built in its build folder."""
     if llama_cpp_version(tree):
+        if missing := [t for t in tools if not (tree / "build" / "bin" / t).is_file()]:
+            print(f"building {' '.join(missing)} in {tree / 'build'}", flush=True)
+            command = ["cmake", "--build", tree / "build", "--target", *missing, "-j", "2"]
+            if subprocess.run(command).returncode:
+                sys.exit(f"could not build {' '.join(missing)} in {tree / 'build'}")
         return tree
     if tree.resolve() != DEFAULT_LLAMA_CPP:
         sys.exit(
