@@ -17,7 +17,12 @@ from octavo.models.layers.linear import TPGroup
 from octavo.models.weights import CheckpointTensor
 from octavo.platform.facade import Platform
 from octavo.quantization.gguf_file import GgufCheckpoint
-from octavo.quantization.quantized_linear import attach_quantized, keep_quantized, quantize_int8
+from octavo.quantization.quantized_linear import (
+    attach_quantized,
+    keep_lm_head_quantized,
+    keep_quantized,
+    quantize_int8,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -114,6 +119,8 @@ def load_model(
             f"{config.architecture} needs: {shown}"
         )
     attach_quantized(kept, platform)
+    if config.is_gguf:
+        keep_lm_head_quantized(model, checkpoint, platform, tp.size)
     if quantization == "int8":
         return quantize_int8(model, platform).eval()
     return quantize_model(model, platform, quantization).eval()

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from octavo.errors import ConfigError
+from octavo.models.layers.embedding import ParallelLMHead
 from octavo.models.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -141,6 +142,26 @@ def log_tensor_fates(checkpoint, kept: dict, dequantized, tp_size: int, dtype) -
 
 def _counts(counter) -> str:
     return ", ".join(f"{t} x{n}" for t, n in sorted(counter.items()))
+
+
+def keep_lm_head_quantized(model: nn.Module, checkpoint, platform: Platform, tp_size: int):
+    """Give the LM head the platform's product over the GGUF rows of its weight (the embedding's
+    when tied) where it has a kernel for their type: a decode step streams the head's weight once
+    a token, and float32 would read 4x the bytes of Q8_0. Returns the type kept, or None."""
+    head = next((m for m in model.modules() if isinstance(m, ParallelLMHead)), None)
+    tied = model.config.tie_word_embeddings
+    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    if head is None or tp_size != 1 or checkpoint.gguf_name(name) is None:
+        return None
+    tensor = checkpoint.tensor(name)
+    pack = None if tensor.is_float else platform.quantized_linear_packer(tensor.quant_type)
+    if pack is None:
+        return None
+    head.packed = pack(tensor.raw_rows(), tensor.shape[1])
+    logger.info(
+        "GGUF %s: the LM head multiplies its %s rows", checkpoint.path.name, tensor.quant_type
+    )
+    return tensor.quant_type
 
 
 def attach_quantized(kept: dict, platform: Platform) -> None:

@@ -70,7 +70,7 @@ def pack_linears(model: nn.Module, pack: Optional[LinearPacker]) -> nn.Module:
         linear = isinstance(layer, (ColumnParallelLinear, RowParallelLinear))
         if linear and (layer.quant_method is None or isinstance(layer.quant_method, WidenedMatmul)):
             layer.quant_method = PackedMatmul(layer, pack)
-        elif isinstance(layer, ParallelLMHead):
+        elif isinstance(layer, ParallelLMHead) and layer.packed is None:  # not kept quantized
             weight = layer.weight if layer.widened_weight is None else layer.widened_weight
             layer.packed = pack(weight.detach())
     return model
