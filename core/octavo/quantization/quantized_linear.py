@@ -77,6 +77,10 @@ def raw_row_loader(layer: nn.Module) -> Callable:
     (its part ``shard_id`` at that part's rows, as the float loader places values)."""
 
     def load(param: torch.Tensor, loaded, shard_id=None) -> None:
+        if loaded.shape[1] != in_features(layer):
+            raise ValueError(
+                f"has {loaded.shape[1]} columns but the model config implies {in_features(layer)}"
+            )
         if isinstance(layer, RowParallelLinear):
             param.data.copy_(loaded.raw_rows())
             return
@@ -109,15 +113,16 @@ def keep_quantized(model: nn.Module, checkpoint, platform: Platform, tp_size: in
         if not isinstance(layer, LINEARS):
             continue
         names = checkpoint_names(model, module_name)
-        types = {checkpoint.tensor(n).quant_type for n in names if checkpoint.gguf_name(n)}
-        quant_type = types.pop() if len(types) == 1 else None
-        if quant_type is None or checkpoint.tensor(names[0]).is_float:
+        present = [checkpoint.tensor(n) for n in names if checkpoint.gguf_name(n)]
+        if not present or all(t.is_float for t in present):
             continue
-        if tp_size == 1 and platform.quantized_linear_packer(quant_type) is not None:
+        types = {t.quant_type for t in present}
+        quant_type = next(iter(types)) if len(types) == 1 else None  # mixed parts: dequantized
+        if tp_size == 1 and quant_type and platform.quantized_linear_packer(quant_type):
             layer.weight = _quantized_weight(layer, quant_type)
             kept[layer] = quant_type
         else:
-            dequantized[quant_type] += len(names)
+            dequantized.update(t.quant_type for t in present if not t.is_float)
     log_tensor_fates(checkpoint, kept, dequantized, tp_size, model.config.dtype)
     return kept
 
