@@ -2,6 +2,9 @@
 
 python benchmarks/models.py small /tmp/small-llama      # ~100M parameters, bf16 weights
 python benchmarks/models.py tiny /tmp/tiny-llama        # ~5M parameters, fp32 weights
+
+``real`` is no random model: SmolLM2-135M-Instruct's bfloat16 folder, which
+``benchmarks/real_model.py`` fetches and writes (once) to REAL_MODEL.
 """
 
 from __future__ import annotations
@@ -35,11 +38,21 @@ MODEL_SPECS = {
         max_position_embeddings=2048,
     ),
 }
-MODEL_DTYPES = {"tiny": torch.float32, "small": torch.bfloat16}
+MODEL_DTYPES = {"tiny": torch.float32, "small": torch.bfloat16, "real": torch.bfloat16}
+SIZES = ("tiny", "small", "real")
+REAL_MODEL = Path(__file__).resolve().parent / ".models" / "smollm2-135m-instruct" / "hf"
 
 
 def make_model(size: str, folder: Path) -> Path:
-    """Write (once) the random-weight model ``size`` into ``folder``; returns the folder."""
+    """Write (once) the random-weight model ``size`` into ``folder``; returns the folder. For
+    ``real``, the real model's folder (``folder`` unused)."""
+    if size == "real":
+        if not (REAL_MODEL / "config.json").is_file():
+            raise SystemExit(
+                f"the real model is not at {REAL_MODEL}: run .venv/bin/python "
+                "benchmarks/real_model.py first (once)"
+            )
+        return REAL_MODEL
     if (folder / "config.json").is_file():
         return folder
     return write_tiny_model(folder, MODEL_SPECS[size], dtype=MODEL_DTYPES[size])

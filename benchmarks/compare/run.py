@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/models.py
 
-from models import MODEL_DTYPES, make_model  # noqa: E402
+from models import MODEL_DTYPES, SIZES, make_model  # noqa: E402
 
 from octavo.bench.datasets import prefix_requests, random_requests  # noqa: E402
 from octavo.bench.startup import free_port, import_httpx, stop_server  # noqa: E402
@@ -85,7 +85,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size", choices=["tiny", "small", "both"], default="both")
+    parser.add_argument(
+        "--size",
+        choices=[*SIZES, "both"],
+        default="both",
+        help="both: tiny and small (random weights); real: SmolLM2-135M-Instruct in bfloat16 "
+        "(benchmarks/real_model.py fetches it)",
+    )
     parser.add_argument(
         "--num-prompts",
         type=int,

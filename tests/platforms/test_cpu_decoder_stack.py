@@ -1,6 +1,8 @@
-"""The cpu platform's decoder stack (one compiled call for Llama decoder layers and their final
-norm): the same hidden states as the modules, bit for bit, in every step of mixed batches, for
-a target model and an EAGLE head; the modules wherever it does not apply."""
+"""The cpu platform's decoder stack (one compiled call for Llama-family decoder layers and their
+final norm): the same hidden states as the modules, bit for bit, in every step of mixed
+batches, for Llama, Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms), in float32 and
+bfloat16, over float and quantized (GGUF) weights, and for an EAGLE head; the modules wherever
+it does not apply."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from octavo import LLM, SamplingParams
 from octavo.testing.tiny_models import TinyModelSpec, write_random_eagle_head, write_tiny_model
 from octavo_cpu import kernels, plugin
 from octavo_cpu.decoder_stack import STACK_ENV, DecoderStack
+from octavo_cpu.gemm import GEMM_ENV
 
 pytestmark = pytest.mark.skipif(
     kernels.load_kernels().ops is None, reason="the compiled kernels do not run here"
@@ -22,6 +25,8 @@ SPECS = {
     "llama-gqa": TinyModelSpec(),
     "llama-head-dim-8": TinyModelSpec(hidden_size=32, num_attention_heads=4, head_dim=8),
     "mistral-window-6": TinyModelSpec(architecture="MistralForCausalLM", sliding_window=6),
+    "qwen2-biases": TinyModelSpec(architecture="Qwen2ForCausalLM", seed=2),
+    "qwen3-qk-norms": TinyModelSpec(architecture="Qwen3ForCausalLM", head_dim=32, seed=3),
 }
 # Prompts of 37, 5, 21 and 2 tokens, 24 tokens a step: prefill chunks mixed with decodes.
 PROMPTS = [
@@ -144,23 +149,54 @@ def test_the_stack_keeps_greedy_tokens(models, monkeypatch):
     assert generate(with_stack) == generate(modules)
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        TinyModelSpec(architecture="Qwen2ForCausalLM"),  # q/k/v biases
-        TinyModelSpec(architecture="Qwen3ForCausalLM"),  # per-head q/k norms
-        TinyModelSpec(attention_bias=True),
-    ],
-    ids=["qwen2", "qwen3", "llama-bias"],
-)
-def test_models_the_stack_does_not_fit_run_their_modules(tmp_path, spec):
+def check_bit_for_bit(llm: LLM) -> list[list[int]]:
+    target = llm.engine.core.runner.model.model
+    assert stacked(target)
+    calls: list = []
+    check_every_call(target, calls)
+    tokens = generate(llm)
+    assert calls and all(equal for _, _, equal in calls), calls
+    return tokens
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-biases", "qwen3-qk-norms"])
+def test_a_bfloat16_model_on_the_compiled_gemm_runs_as_a_stack_bit_for_bit(
+    models, name, monkeypatch
+):
+    """bfloat16 hidden states, weights stored in bfloat16 for the compiled GEMM (its default
+    where the CPU has no native bfloat16 matmul, OCTAVO_CPU_GEMM=compiled elsewhere)."""
+    monkeypatch.setenv(GEMM_ENV, "compiled")
+    llm = make_llm(models[name], dtype="bfloat16")
+    assert llm.engine.core.runner.model.model.layers[0].input_layernorm.weight.dtype == (
+        torch.bfloat16
+    )
+    check_bit_for_bit(llm)
+
+
+@pytest.mark.parametrize("quant_type", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-biases", "qwen3-qk-norms"])
+def test_a_quantized_gguf_model_runs_as_a_stack_bit_for_bit(models, name, quant_type, tmp_path):
+    pytest.importorskip("gguf")
+    from octavo.testing.tiny_gguf import write_gguf
+
+    path = write_gguf(models[name], tmp_path / f"{name}.{quant_type}.gguf", quant_type)
+    llm = make_llm(path)
+    layer = llm.engine.core.runner.model.model.layers[0]
+    assert layer.self_attn.qkv_proj.weight.dtype == torch.uint8  # kept quantized
+    check_bit_for_bit(llm)
+
+
+def test_a_model_with_an_output_projection_bias_runs_its_modules(tmp_path):
+    spec = TinyModelSpec(attention_bias=True)  # Llama's option: q/k/v and o biases
     llm = make_llm(write_tiny_model(tmp_path / "model", spec))
     assert llm.engine.core.runner.model.model.decoder_stack is None
 
 
-def test_a_bfloat16_model_and_the_torch_path_run_their_modules(models, monkeypatch):
-    bf16 = make_llm(models["llama-gqa"], dtype="bfloat16")
-    assert bf16.engine.core.runner.model.model.decoder_stack is None
+def test_onednn_layers_and_the_torch_path_run_their_modules(models, monkeypatch):
+    monkeypatch.setenv(GEMM_ENV, "onednn")
+    onednn = make_llm(models["llama-gqa"], dtype="bfloat16")
+    assert onednn.engine.core.runner.model.model.decoder_stack is None
+    monkeypatch.delenv(GEMM_ENV)
     monkeypatch.setattr(plugin, "load_kernels", lambda: kernels._load("torch"))
     torch_path = make_llm(models["llama-gqa"])
     assert torch_path.engine.core.runner.model.model.decoder_stack is None

@@ -55,6 +55,11 @@ class QuantizedMatmul:
         raw = layer.weight.detach().narrow(0, start, size).contiguous()
         return self._pack(raw, in_features(layer))
 
+    def product_for(self, start: int, size: int) -> Optional[Product]:
+        """The packed product of the weight's rows ``start .. start + size`` (None: not packed
+        yet)."""
+        return self._products.get((start, size))
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, start: int, size: int, bias: Optional[torch.Tensor]
     ) -> torch.Tensor:

@@ -154,8 +154,10 @@ at::Tensor head_forward(const HeadTensors& h, const at::Tensor& ids, const at::T
   auto [x, cos, sin] = draft_head_inputs(ids, hidden, masked, h.embedding, h.mask_embedding,
                                          h.mask_hidden, h.fc_packed, h.fc_out, positions,
                                          h.cos_cache, h.sin_cache);
+  // h.stack: the stack's five shape arguments, then its linear types (shape_arguments()).
   return kernels().decoder_stack.call(x, cos, sin, h.stack_weights, h.kv_caches, slots,
-                                      block_table, query_start_loc, seq_lens, h.stack[0],
+                                      block_table, query_start_loc, seq_lens, h.stack.slice(5),
+                                      h.stack[0],
                                       h.stack[1], h.stack[2], h.stack[3], h.scale, h.stack[4],
                                       h.eps, ids.size(0));
 }
@@ -210,9 +212,9 @@ std::tuple<at::Tensor, at::Tensor> greedy_head_drafts(
                   token_ids.dim() == 2 && block_table.dim() == 2 && token_ids.is_contiguous() &&
                   block_table.is_contiguous(),
               "greedy_head_drafts: token_ids and block_table must be contiguous int32 tables");
-  TORCH_CHECK(steps >= 1 && block_size > 0 && stack.size() == 5,
+  TORCH_CHECK(steps >= 1 && block_size > 0 && stack.size() >= 5,
               "greedy_head_drafts: at least one draft, a positive block size and the stack's "
-              "shape in 5 numbers");
+              "shape in 5 numbers, then its linear types");
   TORCH_CHECK(mlp_drafts == 0 || !parallel,
               "greedy_head_drafts: MLP heads' drafts follow serial drafts only");
   const int64_t masked_slots = parallel ? steps - 1 : 0;

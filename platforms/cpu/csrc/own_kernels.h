@@ -22,6 +22,7 @@ namespace {
 namespace own_kernels {
 
 using LinearFn = void(at::Tensor, const at::Tensor&, const at::Tensor&);
+using QuantizedLinearFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t, int64_t);
 using RmsNormFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, double);
 using FusedAddRmsNormFn = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&,
                                const at::Tensor&, double);
@@ -33,8 +34,8 @@ using PagedAttentionFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, 
 using DecoderStackFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   at::TensorList, at::TensorList, const at::Tensor&,
                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  int64_t, int64_t, int64_t, int64_t, double, int64_t, double,
-                                  int64_t);
+                                  at::IntArrayRef, int64_t, int64_t, int64_t, int64_t, double,
+                                  int64_t, double, int64_t);
 using GreedyTokensFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t);
 
 template <typename Fn>
@@ -46,6 +47,8 @@ c10::TypedOperatorHandle<Fn> find_op(const char* name) {
 // Looked up at the first use (every op registers when the library loads).
 struct Kernels {
   c10::TypedOperatorHandle<LinearFn> linear = find_op<LinearFn>("linear");
+  c10::TypedOperatorHandle<QuantizedLinearFn> quantized_linear =
+      find_op<QuantizedLinearFn>("quantized_linear");
   c10::TypedOperatorHandle<RmsNormFn> rms_norm = find_op<RmsNormFn>("rms_norm");
   c10::TypedOperatorHandle<FusedAddRmsNormFn> fused_add_rms_norm =
       find_op<FusedAddRmsNormFn>("fused_add_rms_norm");

@@ -2,13 +2,15 @@
 
 Three ways, chosen by ``OCTAVO_CPU_GEMM`` (default: the first this host has for the dtype):
 
-- ``compiled``: the platform's own kernel (csrc/gemm.cpp) over float32 weights packed into
-  column panels (a draft head's kept in bfloat16 and widened in registers:
-  ``octavo_cpu.draft_head``). Its sums run in one fixed order per output, so a row's result
-  does not depend on the batch around it. For a model whose dtype this CPU has no native
-  matmul for (bfloat16 without AVX512-BF16: ``Capabilities.widened_matmul_dtypes``) the
-  weights are packed widened to float32 and each product is rounded back, the numbers
-  ``octavo.models.layers.widen`` gives.
+- ``compiled``: the platform's own kernel (csrc/gemm.cpp) over weights packed into column
+  panels, float32 sums over float32 rows. Its sums run in one fixed order per output, so a
+  row's result does not depend on the batch around it. A float32 model's weights are packed in
+  float32; a bfloat16 model's in bfloat16 (widened exactly in registers: half the bytes to
+  stream), its rows widened to float32 and each product rounded back, the numbers
+  ``octavo.models.layers.widen`` gives. That is the default for bfloat16 on CPUs without a
+  native bfloat16 matmul (``Capabilities.widened_matmul_dtypes``); on those with one it is
+  ``OCTAVO_CPU_GEMM=compiled`` (the decode steps stream the weights ~2.5x faster than oneDNN,
+  prefill multiplies ~4x slower than oneDNN's bfloat16 dot products).
   On the decode steps' few rows it streams the weights x1.2-x1.8 faster than oneDNN does, and
   it keeps up with oneDNN on prefill's many rows (benchmarks/cpu_gemm.py).
 - ``onednn``: ``torch.ops.mkldnn._reorder_linear_weight`` lays a weight out in oneDNN's blocked
@@ -60,7 +62,7 @@ def linear_packer(
                 " unset it or pick onednn"
             )
         return compiled
-    if raw == "" and compiled is not None:
+    if raw == "" and compiled is not None and (dtype == torch.float32 or dtype in widened):
         return compiled
     return onednn_packer(dtype)
 
@@ -83,12 +85,17 @@ def compiled_packer(
     dtype: torch.dtype, widened: tuple[torch.dtype, ...] = (), stored: torch.dtype = torch.float32
 ) -> Optional[LinearPacker]:
     """The compiled kernel's packer for ``dtype``, or None where it does not run (no compiled
-    kernels, or a dtype it does not compute in float32). ``stored`` bfloat16 keeps the packed
+    kernels, or a dtype other than float32 and bfloat16). ``stored`` bfloat16 keeps the packed
     weights rounded to bfloat16 (products in float32 over them: a draft head's, see
-    ``octavo_cpu.draft_head``)."""
+    ``octavo_cpu.draft_head``); a bfloat16 model's are stored so (exactly), and its packer is
+    marked ``takes_float32``: the layers widen their rows and round the products (and biases)
+    back, see ``octavo.models.layers.packed``. ``widened`` is accepted for the callers that
+    pass the host's widened dtypes; bfloat16 runs the same way with or without it."""
     ops = load_kernels().ops
-    if ops is None or (dtype != torch.float32 and dtype not in widened):
+    if ops is None or dtype not in (torch.float32, torch.bfloat16, *widened):
         return None
+    if dtype == torch.bfloat16:
+        stored = torch.bfloat16
     pack_weight = (
         ops.pack_linear_weight_bf16 if stored == torch.bfloat16 else ops.pack_linear_weight
     )
@@ -115,6 +122,7 @@ def compiled_packer(
         product.packed = packed  # for a caller that runs the kernel itself (decoder_stack)
         return product
 
+    pack.takes_float32 = dtype != torch.float32
     return pack
 
 

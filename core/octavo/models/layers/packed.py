@@ -4,7 +4,8 @@ A platform that offers ``octavo_linear_packer`` for the model's dtype (the cpu p
 compiled GEMM over column panels, or oneDNN's blocked layout) gets each weight once, after
 loading; every product then calls the packed function instead of ``F.linear``. Quantised layers
 are left alone. Widened layers (:mod:`octavo.models.layers.widen`: float32 weights of a
-low-precision model) are packed from their float32 weights and keep their arithmetic: the
+low-precision model), and every layer of a packer marked ``takes_float32`` (a GEMM that
+multiplies a low-precision model's weights in float32), keep the widened arithmetic: the
 product in float32, the bias added in float32, the result rounded to the activations' dtype.
 """
 
@@ -32,7 +33,10 @@ class PackedMatmul:
 
     def __init__(self, layer: nn.Module, pack: LinearPacker) -> None:
         self._pack = pack
-        self.widened = isinstance(layer.quant_method, WidenedMatmul)  # float32 weights
+        # The product takes float32 rows: float32 weights, or a packer that widens in registers.
+        self.widened = isinstance(layer.quant_method, WidenedMatmul) or getattr(
+            pack, "takes_float32", False
+        )
         self._products: dict[tuple[int, int], Product] = {}
         weight = layer.weight.detach()
         ranges = [(0, weight.shape[0])]
