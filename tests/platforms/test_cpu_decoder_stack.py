@@ -173,6 +173,16 @@ def test_a_bfloat16_model_on_the_compiled_gemm_runs_as_a_stack_bit_for_bit(
     check_bit_for_bit(llm)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_projections_with_biases_run_as_a_stack_bit_for_bit(models, dtype):
+    """``--quantization int8`` on a Qwen2 (q/k/v biases): the int8 kernel takes float32 rows,
+    so in a bfloat16 model the bias is added before the rounding, in the modules and the stack."""
+    llm = make_llm(models["qwen2-biases"], dtype=dtype, quantization="int8")
+    layer = llm.engine.core.runner.model.model.layers[0]
+    assert layer.self_attn.qkv_proj.weight.dtype == torch.uint8
+    check_bit_for_bit(llm)
+
+
 @pytest.mark.parametrize("quant_type", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("name", ["llama-gqa", "qwen2-biases", "qwen3-qk-norms"])
 def test_a_quantized_gguf_model_runs_as_a_stack_bit_for_bit(models, name, quant_type, tmp_path):

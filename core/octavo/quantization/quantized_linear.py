@@ -66,6 +66,9 @@ class QuantizedMatmul:
         product = self._products.get((start, size))
         if product is None:  # a row range not packed at load (a merged weight whole): once now
             product = self._products[(start, size)] = self._packed(layer, start, size)
+        if x.dtype != torch.float32:  # the kernels take float32: the bias added before rounding
+            out = product(x.float())
+            return (out if bias is None else out + bias).to(x.dtype)
         out = product(x)
         return out if bias is None else out + bias
 
