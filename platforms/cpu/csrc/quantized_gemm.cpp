@@ -130,6 +130,21 @@ void block_sums(const float* x, int64_t M, int64_t K, std::vector<float>& xs) {
   }
 }
 
+// Blocks per group whose fp16 scales are widened together (one vector conversion instead of a
+// scalar one per block).
+constexpr int64_t kScaleGroup = 16;
+
+// The float32 values of `count` (at most kScaleGroup) fp16 scales at `d`.
+inline void widen_scales(const uint16_t* d, int64_t count, float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
+  const __m256i halves = _mm256_maskz_loadu_epi16(mask, d);
+  _mm512_storeu_ps(out, _mm512_cvtph_ps(halves));
+#else
+  for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(d[i]);
+#endif
+}
+
 // out[r * N + j] for R rows of x against WR consecutive packed weight rows: each weight block
 // is widened to floats once for the R rows, each block of x loaded once for the WR rows.
 template <int64_t Type, int R, int WR>
@@ -142,28 +157,38 @@ void dot_rows(const uint8_t* w, int64_t row_bytes, const float* x, const float* 
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < WR; ++j) acc[r][j] = fzero(), mins[r][j] = 0.0f;
   }
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int j = 0; j < WR; ++j) {
-      const uint8_t* row = w + j * row_bytes;
-      const uint8_t* q = row + b * qb;
-      const uint16_t* d = reinterpret_cast<const uint16_t*>(row + nb * qb);
-      // The weight streams from memory once: ask for the lines ~2 rows ahead (the hardware
-      // prefetcher loses the stream at each chunk a thread claims).
-      _mm_prefetch(reinterpret_cast<const char*>(q + 2 * row_bytes), _MM_HINT_T0);
-      FReg wv[kRegs];
-      for (int i = 0; i < kRegs; ++i) {
-        wv[i] = Type == kQ8_0 || Type == kInt8 ? widen_q8(q, i) : widen_q4(q, i);
+  alignas(64) float scales[WR][kScaleGroup], minima[WR][kScaleGroup];
+  for (int64_t g = 0; g < nb; g += kScaleGroup) {
+    const int64_t count = std::min(kScaleGroup, nb - g);
+    if (Type != kInt8) {
+      for (int j = 0; j < WR; ++j) {
+        const uint16_t* d = reinterpret_cast<const uint16_t*>(w + j * row_bytes + nb * qb);
+        widen_scales(d + g, count, scales[j]);
+        if (Type == kQ4_1) widen_scales(d + nb + g, count, minima[j]);
       }
-      const float dw = Type == kInt8 ? 1.0f : half_to_float(d[b]);
-      for (int r = 0; r < R; ++r) {
-        const float* xb = x + r * K + b * kBlock;
-        FReg block = fmul(wv[0], fload(xb));
-        for (int i = 1; i < kRegs; ++i) block = ffma(wv[i], fload(xb + i * kLanes), block);
-        acc[r][j] = Type == kInt8 ? fadd_or(block, acc[r][j]) : ffma(block, fset1(dw), acc[r][j]);
-      }
-      if (Type == kQ4_1) {  // w = d (q - 8) + (m + 8 d)
-        const float m = half_to_float(d[nb + b]) + 8.0f * dw;
-        for (int r = 0; r < R; ++r) mins[r][j] += m * xs[r * nb + b];
+    }
+    for (int64_t b = g; b < g + count; ++b) {
+      for (int j = 0; j < WR; ++j) {
+        const uint8_t* q = w + j * row_bytes + b * qb;
+        // The weight streams from memory once: ask for the lines ~WR rows ahead (the hardware
+        // prefetcher loses the stream at each chunk a thread claims).
+        _mm_prefetch(reinterpret_cast<const char*>(q + WR * row_bytes), _MM_HINT_T0);
+        FReg wv[kRegs];
+        for (int i = 0; i < kRegs; ++i) {
+          wv[i] = Type == kQ8_0 || Type == kInt8 ? widen_q8(q, i) : widen_q4(q, i);
+        }
+        const float dw = Type == kInt8 ? 1.0f : scales[j][b - g];
+        for (int r = 0; r < R; ++r) {
+          const float* xb = x + r * K + b * kBlock;
+          FReg block = fmul(wv[0], fload(xb));
+          for (int i = 1; i < kRegs; ++i) block = ffma(wv[i], fload(xb + i * kLanes), block);
+          acc[r][j] =
+              Type == kInt8 ? fadd_or(block, acc[r][j]) : ffma(block, fset1(dw), acc[r][j]);
+        }
+        if (Type == kQ4_1) {  // w = d (q - 8) + (m + 8 d)
+          const float m = minima[j][b - g] + 8.0f * dw;
+          for (int r = 0; r < R; ++r) mins[r][j] += m * xs[r * nb + b];
+        }
       }
     }
   }
@@ -198,18 +223,26 @@ void product(const uint8_t* packed, const float* x, float* y, int64_t M, int64_t
   OCTAVO_CPU_NAMESPACE::parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t p = 0; p < M; p += kPanelRows) {
       const int64_t p1 = std::min(M, p + kPanelRows);
-      for (int64_t n = n0; n < n1; n += 2) {
+      for (int64_t n = n0; n < n1;) {
         const uint8_t* w = packed + n * row_bytes;
+        // One or two x rows leave registers for 4 weight rows of 4-bit blocks: each x block
+        // loaded once for 4 (faster for Q4_0 and Q4_1 at one x row; Q8_0 and int8 were not).
+        constexpr bool kFourBit = Type == kQ4_0 || Type == kQ4_1;
+        const int64_t wr = kFourBit && n + 4 <= n1 && p1 - p <= 2 ? 4 : n + 2 <= n1 ? 2 : 1;
         for (int64_t m = p; m < p1; m += kMaxRows) {
           const int64_t rows = std::min<int64_t>(kMaxRows, p1 - m);
           const float* xm = x + m * K;
           const float* xsm = xs + m * nb;
-          if (n + 1 < n1) {
-            rows_against<Type, 2>(w, row_bytes, xm, xsm, rows, K, y + m * N + n, N);
+          float* ym = y + m * N + n;
+          if (wr == 4) {
+            rows_against<Type, 4>(w, row_bytes, xm, xsm, rows, K, ym, N);
+          } else if (wr == 2) {
+            rows_against<Type, 2>(w, row_bytes, xm, xsm, rows, K, ym, N);
           } else {
-            rows_against<Type, 1>(w, row_bytes, xm, xsm, rows, K, y + m * N + n, N);
+            rows_against<Type, 1>(w, row_bytes, xm, xsm, rows, K, ym, N);
           }
         }
+        n += wr;
       }
     }
   });
