@@ -20,8 +20,9 @@
 // Every output element is one fixed sequence over the blocks, whatever the batch, its tiling or
 // its threads: a row's result does not depend on the rows around it. Threads split the output
 // columns (each streams its own rows of the weight); tiles are up to 4 rows of x against 2 weight
-// rows (one widening of a weight block serves 4 rows, one load of an x block 2 weight rows),
-// within panels of 64 rows of x.
+// rows (one widening of a weight block serves 4 rows, one load of an x block 2 weight rows; one
+// or two x rows take 4 weight rows of 4-bit blocks), within panels of 64 rows of x. Each row's
+// fp16 block scales are widened 16 at a time.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -55,6 +55,9 @@ class DecoderStack:
             -1 if spec.sliding_window is None else spec.sliding_window,
             norm.eps,
         )
+        heads, kv_heads, head_dim, intermediate, scale, window, eps = self._shape
+        shape = [heads, kv_heads, head_dim, intermediate, window, *self._linear_types]
+        self._shape_arguments = (shape, scale, eps)  # made once: a draft step passes it
 
     def __call__(self, hidden: torch.Tensor, cos_sin, metadata: Any) -> torch.Tensor:
         cos, sin = cos_sin
@@ -82,9 +85,7 @@ class DecoderStack:
         """``([num_heads, num_kv_heads, head_dim, intermediate_size, sliding_window,
         *linear_types], scale, eps)``: the stack's shape and its projections' kernels as an op
         that runs it from C++ takes them."""
-        heads, kv_heads, head_dim, intermediate, scale, window, eps = self._shape
-        shape = [heads, kv_heads, head_dim, intermediate, window, *self._linear_types]
-        return shape, scale, eps
+        return self._shape_arguments
 
     @property
     def weights(self) -> list[torch.Tensor]:

@@ -9,10 +9,11 @@ Three ways, chosen by ``OCTAVO_CPU_GEMM`` (default: the first this host has for 
   stream), its rows widened to float32 and each product rounded back, the numbers
   ``octavo.models.layers.widen`` gives. That is the default for bfloat16 on CPUs without a
   native bfloat16 matmul (``Capabilities.widened_matmul_dtypes``); on those with one it is
-  ``OCTAVO_CPU_GEMM=compiled`` (the decode steps stream the weights ~2.5x faster than oneDNN,
-  prefill multiplies ~4x slower than oneDNN's bfloat16 dot products).
-  On the decode steps' few rows it streams the weights x1.2-x1.8 faster than oneDNN does, and
-  it keeps up with oneDNN on prefill's many rows (benchmarks/cpu_gemm.py).
+  ``OCTAVO_CPU_GEMM=compiled``: on SmolLM2-135M there its ITL at one stream was 2.5x lower
+  than oneDNN's, its offline throughput half (float32 FMAs against oneDNN's bfloat16 dot
+  products; BENCHMARKS.md, issue 60 second part).
+  For float32, on the decode steps' few rows it streams the weights x1.2-x1.8 faster than
+  oneDNN does, and it keeps up with oneDNN on prefill's many rows (benchmarks/cpu_gemm.py).
 - ``onednn``: ``torch.ops.mkldnn._reorder_linear_weight`` lays a weight out in oneDNN's blocked
   format once; ``_linear_pointwise`` multiplies without re-packing it every call, as
   ``F.linear`` does. For bfloat16 the results are the same bits as ``F.linear``'s (torch's
