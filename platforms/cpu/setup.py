@@ -1,6 +1,6 @@
 """Builds the cpu platform's compiled kernels (C++ through torch.utils.cpp_extension), one
-library per instruction set: ``_C_avx512`` (AVX-512 with BF16) and ``_C_avx2`` (AVX2 + FMA). At
-run time ``octavo_cpu.kernels`` loads the best one the CPU supports. A build that fails (no
+library per instruction set: ``_C_avx512`` (AVX-512 with BF16 and VNNI) and ``_C_avx2`` (AVX2 +
+FMA). At run time ``octavo_cpu.kernels`` loads the best one the CPU supports. A build that fails (no
 compiler, an old assembler) is skipped with a warning: the platform then runs its torch path,
 and ``octavo env`` says so."""
 
@@ -18,6 +18,7 @@ ISA_FLAGS = {
         "-mavx512vl",
         "-mavx512dq",
         "-mavx512bf16",
+        "-mavx512vnni",
         "-mfma",
         "-mf16c",
         "-DCPU_CAPABILITY=AVX512",  # ATen's vector types (at::vec) for this ISA

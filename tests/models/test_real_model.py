@@ -1,7 +1,8 @@
 """The real model of the benchmarks (SmolLM2-135M-Instruct, fetched by benchmarks/real_model.py;
 skipped without it): octavo's greedy tokens on its float32 folder equal transformers', on its
-Q4_1 GGUF file dequantized equal transformers' own GGUF loading, and the native Q4_1 kernels'
-equal the dequantized path's on most of 16 chat prompts."""
+Q4_1 GGUF file dequantized equal transformers' own GGUF loading, and the native kernels' (Q4_1,
+and Q8_0 and Q4_0 where their files were made) equal the dequantized path's on most of 16 chat
+prompts."""
 
 from __future__ import annotations
 
@@ -86,10 +87,21 @@ def test_dequantized_gguf_matches_transformers_gguf(
     assert octavo_greedy(make_runner, GGUF, prompts) == expected
 
 
-def test_native_q4_1_agrees_with_dequantized(make_runner, prompts, octavo_platform, monkeypatch):
-    if octavo_platform.quantized_linear_packer("Q4_1") is None:
-        pytest.skip(f"platform {octavo_platform.name!r} has no Q4_1 kernel here")
-    native = octavo_greedy(make_runner, GGUF, prompts)
+@pytest.mark.parametrize(
+    "quant_type, path",
+    [("Q4_1", GGUF), ("Q8_0", MODEL / "model.Q8_0.gguf"), ("Q4_0", MODEL / "model.Q4_0.gguf")],
+    ids=("Q4_1", "Q8_0", "Q4_0"),
+)
+def test_native_kernels_agree_with_dequantized(
+    make_runner, prompts, octavo_platform, monkeypatch, quant_type, path
+):
+    if octavo_platform.quantized_linear_packer(quant_type) is None:
+        pytest.skip(f"platform {octavo_platform.name!r} has no {quant_type} kernel here")
+    if not path.is_file():
+        pytest.skip(f"{path.name} is made by benchmarks/real_model.py (with llama.cpp)")
+    native = octavo_greedy(make_runner, path, prompts)
     monkeypatch.setattr(octavo_platform, "quantized_linear_packer", lambda quant_type: None)
-    dequantized = octavo_greedy(make_runner, GGUF, prompts)
-    assert sum(a == b for a, b in zip(native, dequantized)) >= 12
+    dequantized = octavo_greedy(make_runner, path, prompts)
+    same = sum(a == b for a, b in zip(native, dequantized))
+    print(f"{quant_type}: native greedy tokens equal the dequantized path's on {same} of 16")
+    assert same >= 12

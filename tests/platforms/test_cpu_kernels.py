@@ -10,7 +10,9 @@ from octavo.platform.types import AttentionSpec
 from octavo_cpu import kernels
 from octavo_cpu.attention import CpuAttentionBackend
 
-AVX512_HOST = frozenset("avx512f avx512bw avx512vl avx512dq avx512_bf16 fma avx2 f16c".split())
+AVX512_HOST = frozenset(
+    "avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni fma avx2 f16c".split()
+)
 AVX2_HOST = frozenset("avx2 fma f16c sse4_2".split())
 
 

@@ -1,7 +1,8 @@
 """The cpu platform's quantized GEMM (csrc/quantized_gemm.cpp) on both ISA builds: against the
-dequantized weight times the float32 activations (the kernel keeps them float32, so only the
-summation order differs), for every row count a tile can see, and a row's result alone equal,
-bit for bit, to the same row inside a batch."""
+dequantized weight times the activations rounded as the kernel rounds them (int16 per block of
+32, so only the summation order differs) and times the float32 activations (what the rounding
+costs), for every row count a tile can see and weights whose rows fill panels of 16 or not, and
+a row's result alone equal, bit for bit, to the same row inside a batch."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def dequantized(raw: torch.Tensor, quant_type: str, k: int) -> torch.Tensor:
     return reference.dequantize_rows(raw, quant_type, k)
 
 
+def rounded_like_the_kernel(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel multiplies it: each block of 32 rounded to int16, its largest magnitude
+    to 32767 (float32 arithmetic, ties to even)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    largest = blocks.abs().amax(dim=2, keepdim=True)
+    inverse = torch.where(largest > 0, torch.tensor(32767.0) / largest, torch.zeros_like(largest))
+    values = torch.round(blocks * inverse)
+    return (values * (largest / 32767.0)).reshape(x.shape)
+
+
 @pytest.mark.parametrize("quant_type", TYPES)
 @pytest.mark.parametrize("isa", kernels.ISAS)
 def test_against_the_dequantized_weight(isa, quant_type):
@@ -49,8 +60,11 @@ def test_against_the_dequantized_weight(isa, quant_type):
         weight = dequantized(raw, quant_type, k)
         for m in ROW_COUNTS:
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-            expected = x @ weight.t()
-            torch.testing.assert_close(run(ops, raw, quant_type, x), expected, rtol=1e-4, atol=1e-3)
+            out, exact = run(ops, raw, quant_type, x), x @ weight.t()
+            scale = exact.abs().max().item()
+            expected = rounded_like_the_kernel(x) @ weight.t()
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * scale)
+            assert (out - exact).abs().max() <= 1e-4 * scale
 
 
 @pytest.mark.parametrize("quant_type", TYPES)

@@ -2,27 +2,30 @@
 // values with a scale each (GGUF's Q8_0, Q4_0, Q4_1; Q4_K repacked as Q4_1 at load) or as
 // per-output-channel int8, never widened in memory.
 //
-// The packed weight (made by octavo_cpu/quantized_gemm.py) is [N, row_bytes] uint8, each row its
-// blocks' quants first and their scales after:
-//   Q8_0  nb * 32 int8, then nb fp16 scales d                    w = d * q
-//   Q4_0  nb * 16 bytes, then nb fp16 d                           w = d * (q - 8)
-//   Q4_1  nb * 16 bytes, then nb fp16 d, then nb fp16 m           w = d * q + m
-//   int8  K int8, then the row's float32 scale s                  w = s * q
-// where byte j of a 4-bit block holds value j in its low nibble and value j + 16 in its high one.
+// Panels. The packed weight (made by octavo_cpu/quantized_gemm.py) is [N, row_bytes] uint8:
+// the same bytes a row as GGUF's blocks, interleaved in panels of 16 output rows (the last panel
+// holds N % 16 rows when 16 does not divide N). A panel is a sequence of slabs, each slab a few
+// bytes of every row of the panel in row order, so one vector load takes the same k values of
+// 16 rows and the 16 sums of a panel stay in the lanes of one register (no horizontal sums):
+//   Q8_0  per block: 16 slabs of 2 int8 (k = 2p, 2p + 1), then a slab of fp16 d    w = d * q
+//   Q4_0  per block: 8 slabs of 2 bytes, then d; byte h (0, 1) of slab c holds k = 4c + h in
+//         its low nibble and k = 4c + 2 + h in its high one                         w = d * (q - 8)
+//   Q4_1  as Q4_0, then a slab of fp16 m                                            w = d * q + m
+//   int8  K / 2 slabs of 2 int8, then a slab of the rows' float32 scales s          w = s * q
 //
-// The activations stay float32: each weight block is widened to floats in registers (once for
-// up to 4 rows of x) and multiplied with fused multiply-adds, its sum scaled once by the block's
-// d. (Rounding the activations to int8 per block of 32, as llama.cpp does for its integer dot
-// products, moved each product of SmolLM2-135M by ~1% and its greedy text off the dequantized
-// model's on 10 of 16 chat prompts; decoding is bound by streaming the weight either way.) Q4_1
-// multiplies q - 8 and adds (m + 8 d) times the block's sum of x.
+// Activations. Each block of 32 values of x is rounded to int16 with a float scale (its largest
+// magnitude is 32767): 15 bits, where llama.cpp's integer dot products round to 8 (that moved
+// SmolLM2-135M's products by ~1% and its greedy text off the dequantized model's on 10 of 16
+// chat prompts; int16 moves them by ~1e-5). A block's 16 row sums are then exact int32 dot
+// products of int16 pairs (vpdpwssd with AVX512-VNNI, vpmaddwd + vpaddd on AVX2; |sum| <
+// 32 * 127 * 32767 < 2^31), widened once and scaled by d times x's block scale. Q4_0's -8 and
+// Q4_1's m multiply the block's sum of rounded x (-8 exactly, in the int32 sum).
 //
 // Every output element is one fixed sequence over the blocks, whatever the batch, its tiling or
-// its threads: a row's result does not depend on the rows around it. Threads split the output
-// columns (each streams its own rows of the weight); tiles are up to 4 rows of x against 2 weight
-// rows (one widening of a weight block serves 4 rows, one load of an x block 2 weight rows; one
-// or two x rows take 4 weight rows of 4-bit blocks), within panels of 64 rows of x. Each row's
-// fp16 block scales are widened 16 at a time.
+// its threads (a block's integer sum is exact in any order): a row's result does not depend on
+// the rows around it. Threads split the panels (each streams its own); tiles are up to 4 rows
+// of x against one or two panels (one widening of a weight slab serves every row of the tile),
+// within groups of 64 rows of x whose int16 values stay in L2 while a chunk of panels passes.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -32,6 +35,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "work_sharing.h"
@@ -44,10 +48,9 @@ namespace {
 
 enum QuantType : int64_t { kQ8_0 = 0, kQ4_0 = 1, kInt8 = 2, kQ4_1 = 3 };
 constexpr int64_t kBlock = 32;
-constexpr int kMaxRows = 4;        // x rows per weight row in one pass
-constexpr int64_t kPanelRows = 64;  // x rows whose int16 values stay in L2 while a chunk passes
-
-int64_t quant_bytes_per_block(int64_t type) { return type == kQ8_0 || type == kInt8 ? 32 : 16; }
+constexpr int64_t kPanel = 16;      // output rows interleaved in a panel
+constexpr int kMaxRows = 4;         // x rows per tile
+constexpr int64_t kRowGroup = 64;   // x rows whose int16 values stay in L2 while a chunk passes
 
 int64_t packed_row_bytes(int64_t type, int64_t K) {
   const int64_t nb = K / kBlock;
@@ -61,189 +64,320 @@ int64_t packed_row_bytes(int64_t type, int64_t K) {
   return 0;
 }
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+// Bytes of a block's quants in a full panel, and of the whole block (quants and fp16 slabs).
+constexpr int64_t panel_quant_bytes(int64_t type) {
+  return type == kQ8_0 || type == kInt8 ? 32 * kPanel : 16 * kPanel;
+}
+constexpr int64_t panel_block_bytes(int64_t type) {
+  return panel_quant_bytes(type) + (type == kQ4_1 ? 4 : type == kInt8 ? 0 : 2) * kPanel;
+}
 
+// ---- 16 lanes of int32 or float: one register with AVX-512, two with AVX2.
 #if defined(CPU_CAPABILITY_AVX512)
-using FReg = __m512;  // 16 floats: a block is 2
-constexpr int kRegs = 2;
-inline FReg fzero() { return _mm512_setzero_ps(); }
-inline FReg fload(const float* p) { return _mm512_loadu_ps(p); }
-inline FReg fmul(FReg a, FReg b) { return _mm512_mul_ps(a, b); }
-inline FReg ffma(FReg a, FReg b, FReg c) { return _mm512_fmadd_ps(a, b, c); }
-inline FReg fset1(float v) { return _mm512_set1_ps(v); }
-inline float reduce(FReg v) { return _mm512_reduce_add_ps(v); }
-// Values 16 i .. 16 i + 15 of a block as floats.
-inline FReg widen_q8(const uint8_t* q, int i) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * i));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-}
-inline FReg widen_q4(const uint8_t* q, int i) {  // q - 8
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i nibbles =
-      i == 0 ? _mm_and_si128(bytes, mask) : _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  const __m512i values = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nibbles), _mm512_set1_epi32(8));
-  return _mm512_cvtepi32_ps(values);
-}
+struct I16 {
+  __m512i v;
+};
+struct F16 {
+  __m512 v;
+};
+inline I16 izero() { return {_mm512_setzero_si512()}; }
+inline I16 iadd(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline I16 isub1(I16 a, int32_t b) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(b))}; }
+// 32 int16: each lane's pair (row r's k and k + 1) times x's pair, added to the lane.
+inline I16 dot_pairs(I16 acc, I16 w, int32_t x_pair) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpwssd_epi32(acc.v, w.v, _mm512_set1_epi32(x_pair))};
 #else
-using FReg = __m256;  // 8 floats: a block is 4
-constexpr int kRegs = 4;
-inline FReg fzero() { return _mm256_setzero_ps(); }
-inline FReg fload(const float* p) { return _mm256_loadu_ps(p); }
-inline FReg fmul(FReg a, FReg b) { return _mm256_mul_ps(a, b); }
-inline FReg ffma(FReg a, FReg b, FReg c) { return _mm256_fmadd_ps(a, b, c); }
-inline FReg fset1(float v) { return _mm256_set1_ps(v); }
-inline float reduce(FReg v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline FReg widen_q8(const uint8_t* q, int i) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-}
-inline FReg widen_q4(const uint8_t* q, int i) {  // q - 8; values 8 i .. 8 i + 7
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (i % 2)));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i nibbles =
-      i < 2 ? _mm_and_si128(bytes, mask) : _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  const __m256i values = _mm256_sub_epi32(_mm256_cvtepu8_epi32(nibbles), _mm256_set1_epi32(8));
-  return _mm256_cvtepi32_ps(values);
-}
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(w.v, _mm512_set1_epi32(x_pair)))};
 #endif
-constexpr int64_t kLanes = kBlock / kRegs;
-
-#if defined(CPU_CAPABILITY_AVX512)
-inline FReg fadd_or(FReg a, FReg b) { return _mm512_add_ps(a, b); }
-#else
-inline FReg fadd_or(FReg a, FReg b) { return _mm256_add_ps(a, b); }
-#endif
-
-// Q4_1's minima multiply each block's exact sum of x: xs[m][b].
-void block_sums(const float* x, int64_t M, int64_t K, std::vector<float>& xs) {
-  const int64_t nb = K / kBlock;
-  xs.resize(M * nb);
-  for (int64_t i = 0; i < M * nb; ++i) {
-    float total = 0.0f;
-    for (int64_t k = 0; k < kBlock; ++k) total += x[i * kBlock + k];
-    xs[i] = total;
+}
+inline I16 load_q8(const uint8_t* p) {  // 32 int8 -> int16
+  return {_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline void load_q4(const uint8_t* p, I16& low, I16& high) {  // 32 bytes -> 2 x 32 nibbles
+  const __m512i bytes =
+      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  low.v = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
+  high.v = _mm512_srli_epi16(bytes, 4);
+}
+inline F16 fzero() { return {_mm512_setzero_ps()}; }
+inline F16 to_float(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline F16 load_halves(const uint8_t* p) {  // 16 fp16
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline F16 load_floats(const uint8_t* p) {
+  return {_mm512_loadu_ps(reinterpret_cast<const float*>(p))};
+}
+inline F16 fmul1(F16 a, float b) { return {_mm512_mul_ps(a.v, _mm512_set1_ps(b))}; }
+inline F16 fmul(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F16 ffma(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline F16 ffma1(F16 a, float b, F16 c) {
+  return {_mm512_fmadd_ps(a.v, _mm512_set1_ps(b), c.v)};
+}
+inline void store(float* out, F16 a, int64_t count) {
+  if (count == kPanel) {
+    _mm512_storeu_ps(out, a.v);
+  } else {
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1u), a.v);
   }
 }
-
-// Blocks per group whose fp16 scales are widened together (one vector conversion instead of a
-// scalar one per block).
-constexpr int64_t kScaleGroup = 16;
-
-// The float32 values of `count` (at most kScaleGroup) fp16 scales at `d`.
-inline void widen_scales(const uint16_t* d, int64_t count, float* out) {
-#if defined(CPU_CAPABILITY_AVX512)
-  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1u);
-  const __m256i halves = _mm256_maskz_loadu_epi16(mask, d);
-  _mm512_storeu_ps(out, _mm512_cvtph_ps(halves));
+constexpr int kMaxPanels = 2;  // registers for 4 x rows against 2 panels
 #else
-  for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(d[i]);
+struct I16 {
+  __m256i lo, hi;
+};
+struct F16 {
+  __m256 lo, hi;
+};
+inline I16 izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline I16 iadd(I16 a, I16 b) {
+  return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+}
+inline I16 isub1(I16 a, int32_t b) {
+  const __m256i v = _mm256_set1_epi32(b);
+  return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
+}
+inline I16 dot_pairs(I16 acc, I16 w, int32_t x_pair) {
+  const __m256i x = _mm256_set1_epi32(x_pair);
+  return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo, x)),
+          _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi, x))};
+}
+inline I16 load_q8(const uint8_t* p) {
+  return {_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+inline void load_q4(const uint8_t* p, I16& low, I16& high) {
+  const __m256i mask = _mm256_set1_epi16(0x0F);
+  const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i b =
+      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  low = {_mm256_and_si256(a, mask), _mm256_and_si256(b, mask)};
+  high = {_mm256_srli_epi16(a, 4), _mm256_srli_epi16(b, 4)};
+}
+inline F16 fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline F16 to_float(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline F16 load_halves(const uint8_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+inline F16 load_floats(const uint8_t* p) {
+  const float* f = reinterpret_cast<const float*>(p);
+  return {_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8)};
+}
+inline F16 fmul1(F16 a, float b) {
+  const __m256 v = _mm256_set1_ps(b);
+  return {_mm256_mul_ps(a.lo, v), _mm256_mul_ps(a.hi, v)};
+}
+inline F16 fmul(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline F16 ffma(F16 a, F16 b, F16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline F16 ffma1(F16 a, float b, F16 c) {
+  const __m256 v = _mm256_set1_ps(b);
+  return {_mm256_fmadd_ps(a.lo, v, c.lo), _mm256_fmadd_ps(a.hi, v, c.hi)};
+}
+inline void store(float* out, F16 a, int64_t count) {
+  alignas(32) float lanes[kPanel];
+  _mm256_store_ps(lanes, a.lo);
+  _mm256_store_ps(lanes + 8, a.hi);
+  std::memcpy(out, lanes, count * sizeof(float));
+}
+constexpr int kMaxPanels = 1;  // 16 registers: one panel's sums for 4 x rows already fill them
+#endif
+
+// ---- x rounded to int16 per block of 32.
+struct Activations {
+  std::vector<int16_t> values;  // [M, K]
+  std::vector<float> scales;    // [M, nb]: x ~= values * scale
+  std::vector<int32_t> sums;    // [M, nb]: each block's sum of values
+  int64_t K = 0, nb = 0;
+
+  int32_t pair(int64_t m, int64_t k) const {  // values k and k + 1 of row m as one int32
+    int32_t v;
+    std::memcpy(&v, values.data() + m * K + k, sizeof(v));
+    return v;
+  }
+};
+
+// Block b of row m: the largest magnitude maps to 32767, each value rounds to nearest (even).
+void round_block(const float* x, int16_t* values, float* scale, int32_t* sum) {
+  float largest = 0.0f;
+  for (int64_t k = 0; k < kBlock; ++k) largest = std::max(largest, std::fabs(x[k]));
+  const float inverse = largest > 0.0f ? 32767.0f / largest : 0.0f;
+  *scale = largest / 32767.0f;
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512 f = _mm512_set1_ps(inverse);
+  const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), f));
+  const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), f));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(values), _mm512_cvtsepi32_epi16(a));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + 16), _mm512_cvtsepi32_epi16(b));
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+#else
+  int32_t total = 0;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const int32_t v = static_cast<int32_t>(std::nearbyint(x[k] * inverse));
+    values[k] = static_cast<int16_t>(std::clamp(v, -32767, 32767));
+    total += values[k];
+  }
+  *sum = total;
 #endif
 }
 
-// out[r * N + j] for R rows of x against WR consecutive packed weight rows: each weight block
-// is widened to floats once for the R rows, each block of x loaded once for the WR rows.
-template <int64_t Type, int R, int WR>
-void dot_rows(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs, int64_t K,
-              float* out, int64_t N) {
-  const int64_t nb = K / kBlock;
-  const int64_t qb = quant_bytes_per_block(Type);
-  FReg acc[R][WR];
-  float mins[R][WR];
+void round_activations(const float* x, int64_t M, int64_t K, Activations& a) {
+  a.K = K;
+  a.nb = K / kBlock;
+  a.values.resize(M * K);
+  a.scales.resize(M * a.nb);
+  a.sums.resize(M * a.nb);
+  OCTAVO_CPU_NAMESPACE::parallel_chunks(M * a.nb, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      round_block(x + i * kBlock, a.values.data() + i * kBlock, &a.scales[i], &a.sums[i]);
+    }
+  });
+}
+
+// out[r * N + 16 q + lane] for R rows of x (from row m) against P consecutive full-layout panels
+// at w (panel_bytes apart); `count` of each panel's 16 outputs are stored.
+template <int64_t Type, int R, int P>
+void panel_tile(const uint8_t* w, int64_t panel_bytes, const Activations& a, int64_t m,
+                float* out, int64_t N, int64_t count) {
+  constexpr int64_t kQuant = panel_quant_bytes(Type), kBlockBytes = panel_block_bytes(Type);
+  constexpr int C = R == 1 ? 2 : 1;  // int32 sums a row keeps apart (latency of dot_pairs)
+  const int64_t nb = a.nb;
+  F16 acc[R][P];
   for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < WR; ++j) acc[r][j] = fzero(), mins[r][j] = 0.0f;
+    for (int q = 0; q < P; ++q) acc[r][q] = fzero();
   }
-  alignas(64) float scales[WR][kScaleGroup], minima[WR][kScaleGroup];
-  for (int64_t g = 0; g < nb; g += kScaleGroup) {
-    const int64_t count = std::min(kScaleGroup, nb - g);
-    if (Type != kInt8) {
-      for (int j = 0; j < WR; ++j) {
-        const uint16_t* d = reinterpret_cast<const uint16_t*>(w + j * row_bytes + nb * qb);
-        widen_scales(d + g, count, scales[j]);
-        if (Type == kQ4_1) widen_scales(d + nb + g, count, minima[j]);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk[P];
+    for (int q = 0; q < P; ++q) {
+      blk[q] = w + q * panel_bytes + b * kBlockBytes;
+      // Each panel streams once: ask for its lines a few blocks ahead.
+      _mm_prefetch(reinterpret_cast<const char*>(blk[q] + 8 * kBlockBytes), _MM_HINT_T0);
+    }
+    I16 sums[R][P][C];
+    for (int r = 0; r < R; ++r) {
+      for (int q = 0; q < P; ++q) {
+        for (int c = 0; c < C; ++c) sums[r][q][c] = izero();
       }
     }
-    for (int64_t b = g; b < g + count; ++b) {
-      for (int j = 0; j < WR; ++j) {
-        const uint8_t* q = w + j * row_bytes + b * qb;
-        // The weight streams from memory once: ask for the lines ~WR rows ahead (the hardware
-        // prefetcher loses the stream at each chunk a thread claims).
-        _mm_prefetch(reinterpret_cast<const char*>(q + WR * row_bytes), _MM_HINT_T0);
-        FReg wv[kRegs];
-        for (int i = 0; i < kRegs; ++i) {
-          wv[i] = Type == kQ8_0 || Type == kInt8 ? widen_q8(q, i) : widen_q4(q, i);
-        }
-        const float dw = Type == kInt8 ? 1.0f : scales[j][b - g];
+    const int64_t k0 = b * kBlock;
+    if constexpr (Type == kQ8_0 || Type == kInt8) {
+      for (int p = 0; p < 16; ++p) {
+        I16 wv[P];
+        for (int q = 0; q < P; ++q) wv[q] = load_q8(blk[q] + 32 * p);
         for (int r = 0; r < R; ++r) {
-          const float* xb = x + r * K + b * kBlock;
-          FReg block = fmul(wv[0], fload(xb));
-          for (int i = 1; i < kRegs; ++i) block = ffma(wv[i], fload(xb + i * kLanes), block);
-          acc[r][j] =
-              Type == kInt8 ? fadd_or(block, acc[r][j]) : ffma(block, fset1(dw), acc[r][j]);
+          const int32_t xp = a.pair(m + r, k0 + 2 * p);
+          for (int q = 0; q < P; ++q) sums[r][q][p % C] = dot_pairs(sums[r][q][p % C], wv[q], xp);
         }
-        if (Type == kQ4_1) {  // w = d (q - 8) + (m + 8 d)
-          const float m = minima[j][b - g] + 8.0f * dw;
-          for (int r = 0; r < R; ++r) mins[r][j] += m * xs[r * nb + b];
+      }
+    } else {
+      for (int s = 0; s < 8; ++s) {
+        I16 low[P], high[P];
+        for (int q = 0; q < P; ++q) load_q4(blk[q] + 32 * s, low[q], high[q]);
+        for (int r = 0; r < R; ++r) {
+          const int32_t x_low = a.pair(m + r, k0 + 4 * s), x_high = a.pair(m + r, k0 + 4 * s + 2);
+          for (int q = 0; q < P; ++q) {
+            sums[r][q][0] = dot_pairs(sums[r][q][0], low[q], x_low);
+            sums[r][q][C - 1] = dot_pairs(sums[r][q][C - 1], high[q], x_high);
+          }
+        }
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      F16 d, minimum;
+      if constexpr (Type != kInt8) d = load_halves(blk[q] + kQuant);
+      if constexpr (Type == kQ4_1) minimum = load_halves(blk[q] + kQuant + 2 * kPanel);
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (m + r) * nb + b;
+        const float dx = a.scales[i];
+        I16 total = sums[r][q][0];
+        if constexpr (C == 2) total = iadd(total, sums[r][q][1]);
+        if constexpr (Type == kQ4_0) total = isub1(total, 8 * a.sums[i]);
+        if constexpr (Type == kInt8) {
+          acc[r][q] = ffma1(to_float(total), dx, acc[r][q]);
+        } else {
+          acc[r][q] = ffma(to_float(total), fmul1(d, dx), acc[r][q]);
+        }
+        if constexpr (Type == kQ4_1) {
+          acc[r][q] = ffma1(minimum, static_cast<float>(a.sums[i]) * dx, acc[r][q]);
         }
       }
     }
   }
-  for (int j = 0; j < WR; ++j) {
-    const uint8_t* row = w + j * row_bytes;
-    const float row_scale = Type == kInt8 ? *reinterpret_cast<const float*>(row + K) : 1.0f;
-    for (int r = 0; r < R; ++r) out[r * N + j] = (reduce(acc[r][j]) + mins[r][j]) * row_scale;
+  for (int q = 0; q < P; ++q) {
+    F16 row_scale;
+    if constexpr (Type == kInt8) row_scale = load_floats(w + q * panel_bytes + nb * kQuant);
+    for (int r = 0; r < R; ++r) {
+      const F16 y = Type == kInt8 ? fmul(acc[r][q], row_scale) : acc[r][q];
+      store(out + r * N + q * kPanel, y, count);
+    }
   }
 }
 
-template <int64_t Type, int WR>
-void rows_against(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
-                  int64_t rows, int64_t K, float* out, int64_t N) {
+template <int64_t Type, int P>
+void rows_against(const uint8_t* w, int64_t panel_bytes, const Activations& a, int64_t m,
+                  int64_t rows, float* out, int64_t N, int64_t count) {
   switch (rows) {
-    case 4: return dot_rows<Type, 4, WR>(w, row_bytes, x, xs, K, out, N);
-    case 3: return dot_rows<Type, 3, WR>(w, row_bytes, x, xs, K, out, N);
-    case 2: return dot_rows<Type, 2, WR>(w, row_bytes, x, xs, K, out, N);
-    default: return dot_rows<Type, 1, WR>(w, row_bytes, x, xs, K, out, N);
+    case 4: return panel_tile<Type, 4, P>(w, panel_bytes, a, m, out, N, count);
+    case 3: return panel_tile<Type, 3, P>(w, panel_bytes, a, m, out, N, count);
+    case 2: return panel_tile<Type, 2, P>(w, panel_bytes, a, m, out, N, count);
+    default: return panel_tile<Type, 1, P>(w, panel_bytes, a, m, out, N, count);
+  }
+}
+
+// The last panel's `rows` (< 16) rows in the full layout, the missing rows zero: every slab of
+// 2 bytes a row (int8's last, of 4) spread to 16 rows.
+void widen_tail_panel(const uint8_t* tail, int64_t rows, int64_t type, int64_t K,
+                      std::vector<uint8_t>& full) {
+  const int64_t row_bytes = packed_row_bytes(type, K);
+  full.assign(kPanel * row_bytes, 0);
+  const int64_t pairs = type == kInt8 ? K / 2 : row_bytes / 2;
+  for (int64_t s = 0; s < pairs; ++s) {
+    std::memcpy(full.data() + s * 2 * kPanel, tail + s * 2 * rows, 2 * rows);
+  }
+  if (type == kInt8) {
+    std::memcpy(full.data() + pairs * 2 * kPanel, tail + pairs * 2 * rows, 4 * rows);
   }
 }
 
 template <int64_t Type>
 void product(const uint8_t* packed, const float* x, float* y, int64_t M, int64_t K, int64_t N) {
-  const int64_t row_bytes = packed_row_bytes(Type, K), nb = K / kBlock;
-  thread_local std::vector<float> sums;  // the caller's, kept between calls
-  if (Type == kQ4_1) block_sums(x, M, K, sums);
-  const float* xs = sums.data();
-  // Chunks of at least ~32 KB of weight (fewer rows the more x rows each serves): a decode
+  const int64_t panel_bytes = kPanel * packed_row_bytes(Type, K);
+  thread_local Activations activations;  // the caller's, kept between calls
+  round_activations(x, M, K, activations);
+  const Activations& a = activations;
+  const int64_t panels = (N + kPanel - 1) / kPanel, tail_rows = N % kPanel;
+  // Chunks of at least ~32 KB of weight (fewer panels the more x rows each serves): a decode
   // step's few rows still split a small projection between the threads.
   const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
-  const int64_t grain = std::max<int64_t>(2, (32768 / row_bytes) / tiles);
-  OCTAVO_CPU_NAMESPACE::parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t p = 0; p < M; p += kPanelRows) {
-      const int64_t p1 = std::min(M, p + kPanelRows);
+  const int64_t grain = std::max<int64_t>(1, (32768 / panel_bytes) / tiles);
+  OCTAVO_CPU_NAMESPACE::parallel_chunks(panels, grain, [&](int64_t n0, int64_t n1) {
+    thread_local std::vector<uint8_t> tail_panel;
+    for (int64_t g = 0; g < M; g += kRowGroup) {
+      const int64_t g1 = std::min(M, g + kRowGroup);
       for (int64_t n = n0; n < n1;) {
-        const uint8_t* w = packed + n * row_bytes;
-        // One or two x rows leave registers for 4 weight rows of 4-bit blocks: each x block
-        // loaded once for 4 (faster for Q4_0 and Q4_1 at one x row; Q8_0 and int8 were not).
-        constexpr bool kFourBit = Type == kQ4_0 || Type == kQ4_1;
-        const int64_t wr = kFourBit && n + 4 <= n1 && p1 - p <= 2 ? 4 : n + 2 <= n1 ? 2 : 1;
-        for (int64_t m = p; m < p1; m += kMaxRows) {
-          const int64_t rows = std::min<int64_t>(kMaxRows, p1 - m);
-          const float* xm = x + m * K;
-          const float* xsm = xs + m * nb;
-          float* ym = y + m * N + n;
-          if (wr == 4) {
-            rows_against<Type, 4>(w, row_bytes, xm, xsm, rows, K, ym, N);
-          } else if (wr == 2) {
-            rows_against<Type, 2>(w, row_bytes, xm, xsm, rows, K, ym, N);
+        const bool tail = tail_rows > 0 && n == panels - 1;
+        const uint8_t* w = packed + n * panel_bytes;
+        if (tail) {
+          widen_tail_panel(w, tail_rows, Type, K, tail_panel);
+          w = tail_panel.data();
+        }
+        // Two panels a tile where registers allow and three or more x rows share them.
+        const int64_t p = !tail && n + 2 <= n1 - (tail_rows > 0 && n1 == panels) && g1 - g >= 3
+                              ? kMaxPanels
+                              : 1;
+        const int64_t count = tail ? tail_rows : kPanel;
+        for (int64_t m = g; m < g1; m += kMaxRows) {
+          const int64_t rows = std::min<int64_t>(kMaxRows, g1 - m);
+          float* out = y + m * N + n * kPanel;
+          if (p == 2) {
+            rows_against<Type, kMaxPanels>(w, panel_bytes, a, m, rows, out, N, count);
           } else {
-            rows_against<Type, 1>(w, row_bytes, xm, xsm, rows, K, ym, N);
+            rows_against<Type, 1>(w, panel_bytes, a, m, rows, out, N, count);
           }
         }
-        n += wr;
+        n += p;
       }
     }
   });

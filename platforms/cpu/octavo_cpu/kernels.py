@@ -22,7 +22,7 @@ from octavo_cpu.fake_ops import register_fakes
 KERNELS_ENV = "OCTAVO_CPU_KERNELS"
 ISAS = ("avx512", "avx2")  # best first
 _REQUIRED_FLAGS = {
-    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni", "fma"),
     "avx2": ("avx2", "fma", "f16c"),
 }
 logger = logging.getLogger(__name__)

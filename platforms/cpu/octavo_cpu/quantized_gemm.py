@@ -2,10 +2,10 @@
 
 ``quantized_packer(quant_type)`` answers ``octavo_quantized_linear_packer``: GGUF's Q8_0, Q4_0,
 Q4_1 and Q4_K and ``--quantization int8``, where the compiled kernels are loaded (without them
-the weights are dequantized at load). Packing moves each row's block scales behind its quants
-(the same bytes, so each block's quants load whole); Q4_K's super-blocks of 256 are repacked
-as Q4_1 blocks of 32 (``d * sc`` and ``-dmin * m`` of each sub-block in float16: 5 bits a
-weight instead of 4.5, the same values to float16's precision).
+the weights are dequantized at load). Packing interleaves the rows in panels of 16, the same
+bytes in the order the kernel reads them (csrc/quantized_gemm.cpp's header); Q4_K's
+super-blocks of 256 are repacked as Q4_1 blocks of 32 (``d * sc`` and ``-dmin * m`` of each
+sub-block in float16: 5 bits a weight instead of 4.5, the same values to float16's precision).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from octavo_cpu.kernels import load_kernels
 KERNEL_TYPES = {"Q8_0": 0, "Q4_0": 1, "int8": 2, "Q4_1": 3, "Q4_K": 3}
 """The row formats with a kernel, and the kernel's type code (Q4_K runs as Q4_1)."""
 BLOCK = 32
+PANEL = 16
+"""Output rows interleaved in a panel."""
 
 
 def quantized_packer(quant_type: str) -> Optional[Callable]:
@@ -53,20 +55,39 @@ def quantized_packer(quant_type: str) -> Optional[Callable]:
 
 
 def pack_rows(raw: np.ndarray, quant_type: str, in_features: int) -> torch.Tensor:
-    """The kernel's layout of ``raw``: per row, its blocks' quants, then their scales (and Q4_1's
-    minima); ``int8`` rows are already so."""
-    rows = raw.shape[0]
-    if quant_type == "int8":
-        return torch.from_numpy(np.ascontiguousarray(raw))
+    """The kernel's layout of GGUF (or ``int8``) rows ``raw [N, row_bytes]``: the same shape and
+    bytes, each row cut into slabs (``_slabs``) and every 16 rows' slabs interleaved."""
     if quant_type == "Q4_K":
         return pack_rows(q4_k_as_q4_1(raw, in_features), "Q4_1", in_features)
+    rows = raw.shape[0]
+    slabs, tail = _slabs(np.ascontiguousarray(raw), quant_type, in_features)
+    panels = []
+    for start in range(0, rows, PANEL):
+        stop = min(rows, start + PANEL)
+        panels.append(slabs[start:stop].transpose(1, 0, 2).reshape(-1))
+        if tail is not None:
+            panels.append(tail[start:stop].reshape(-1))
+    packed = np.concatenate(panels).reshape(raw.shape)
+    return torch.from_numpy(np.ascontiguousarray(packed))
+
+
+def _slabs(raw: np.ndarray, quant_type: str, in_features: int):
+    """Each row of ``raw`` as ``[rows, slabs, 2]`` bytes in the kernel's order, and what follows
+    them in a panel (``int8``'s float32 row scales, ``[rows, 4]``; else None)."""
+    rows = raw.shape[0]
+    if quant_type == "int8":
+        return raw[:, :in_features].reshape(rows, -1, 2), raw[:, in_features:]
     nb = in_features // BLOCK
     header, quant_bytes = {"Q8_0": (2, 32), "Q4_0": (2, 16), "Q4_1": (4, 16)}[quant_type]
     blocks = raw.reshape(rows, nb, header + quant_bytes)
-    quants = blocks[:, :, header:].reshape(rows, -1)
-    scales = blocks[:, :, :header].reshape(rows, nb, header // 2, 2)
-    scales = scales.transpose(0, 2, 1, 3).reshape(rows, -1)  # all d, then all m
-    return torch.from_numpy(np.ascontiguousarray(np.concatenate([quants, scales], axis=1)))
+    quants = blocks[:, :, header:]
+    if quant_type != "Q8_0":
+        # GGUF's byte j holds values j and j + 16; slab s's byte h holds 4s + h and 4s + 2 + h.
+        values = np.concatenate([quants & 0x0F, quants >> 4], axis=2).reshape(rows, nb, 8, 2, 2)
+        quants = values[:, :, :, 0, :] | (values[:, :, :, 1, :] << 4)
+    quants = quants.reshape(rows, nb, -1, 2)
+    scales = blocks[:, :, :header].reshape(rows, nb, header // 2, 2)  # d (then m)
+    return np.concatenate([quants, scales], axis=2).reshape(rows, -1, 2), None
 
 
 def q4_k_as_q4_1(raw: np.ndarray, in_features: int) -> np.ndarray:
