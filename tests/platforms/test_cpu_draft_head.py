@@ -297,3 +297,25 @@ def test_drafts_past_the_block_table_or_the_tokens_are_refused(target, tmp_path)
         drafts(1, tokens=tokens[:, :15])  # the token after position 14 is not in it
     block, predicted = drafts(2)
     assert block.shape == (1, 2) and predicted.shape == (1, TinyModelSpec().hidden_size)
+
+
+def test_a_quantized_lm_head_is_not_handed_to_the_float_gemm():
+    """A GGUF target's LM head multiplies quantized rows (uint8): the one-call drafting scores
+    its drafts only through a float32 GEMM packing, so it gets None and the modules score."""
+    from types import SimpleNamespace
+
+    from octavo_cpu.draft_head import _packed_lm_head
+
+    def head_over(packed: torch.Tensor):
+        product = SimpleNamespace(packed=packed)
+        lm_head = SimpleNamespace(
+            tp=SimpleNamespace(size=1),
+            widened_weight=None,
+            weight=torch.zeros(4, 2),
+            packed=product,
+        )
+        return SimpleNamespace(lm_head=lm_head)
+
+    floats = torch.zeros(8)
+    assert _packed_lm_head(head_over(floats)) is floats
+    assert _packed_lm_head(head_over(torch.zeros(4, 34, dtype=torch.uint8))) is None

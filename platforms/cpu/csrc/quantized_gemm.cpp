@@ -51,6 +51,7 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kPanel = 16;      // output rows interleaved in a panel
 constexpr int kMaxRows = 4;         // x rows per tile
 constexpr int64_t kRowGroup = 64;   // x rows whose int16 values stay in L2 while a chunk passes
+constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of a panel's reads its lines are asked for
 
 int64_t packed_row_bytes(int64_t type, int64_t K) {
   const int64_t nb = K / kBlock;
@@ -252,8 +253,11 @@ void panel_tile(const uint8_t* w, int64_t panel_bytes, const Activations& a, int
     const uint8_t* blk[P];
     for (int q = 0; q < P; ++q) {
       blk[q] = w + q * panel_bytes + b * kBlockBytes;
-      // Each panel streams once: ask for its lines a few blocks ahead.
-      _mm_prefetch(reinterpret_cast<const char*>(blk[q] + 8 * kBlockBytes), _MM_HINT_T0);
+      // Each panel streams once: ask for every line kPrefetchBytes ahead (the hardware
+      // prefetcher loses the stream at each chunk a thread claims).
+      for (int64_t line = 0; line < kBlockBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(blk[q] + kPrefetchBytes + line), _MM_HINT_T0);
+      }
     }
     I16 sums[R][P][C];
     for (int r = 0; r < R; ++r) {

@@ -258,13 +258,14 @@ def _packed(linear: Any, start: int = 0, size: Optional[int] = None) -> Optional
 
 def _packed_lm_head(head: Any) -> Optional[torch.Tensor]:
     """The compiled GEMM's packed weight of the target's LM head (the head's drafts are scored
-    by it), or None (widened, another GEMM, its vocabulary split across ranks)."""
+    by it), or None (widened, another GEMM, quantized rows, its vocabulary split across ranks)."""
     lm_head = head.lm_head
     if lm_head.tp.size != 1 or lm_head.widened_weight is not None:
         return None
     if lm_head.weight.dtype != torch.float32:
         return None
-    return getattr(lm_head.packed, "packed", None)
+    packed = getattr(lm_head.packed, "packed", None)
+    return packed if packed is not None and packed.dtype == torch.float32 else None
 
 
 def _mlp_tensors(mlp_head: Any) -> list[Optional[torch.Tensor]]:
