@@ -4,10 +4,17 @@ The engine thread updates them (``on_*`` methods, once per request event or engi
 HTTP layer counts the requests it turns away before they reach the engine. Counters of the engine
 core (preemptions, prefix-cache queries and hits) are cumulative there, so each step adds only
 the difference since the previous step.
+
+Two namings of the same quantities (``--metrics-naming``): octavo's own (``octavo_*``, no labels)
+and vLLM's (``vllm:*`` with its ``model_name`` and ``engine`` labels, as vLLM v1's
+``vllm/v1/metrics/loggers.py`` and ``vllm/v1/spec_decode/metrics.py`` name them), so dashboards,
+alerts, autoscalers and routers written for vLLM read octavo unchanged. The request counter by
+outcome (``octavo_requests_total{status}``) has no vLLM counterpart and is in both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -56,66 +63,184 @@ ITL_BUCKETS = (
 )
 
 
-class EngineMetrics:
-    """The ``octavo_*`` metrics of one engine; ``render()`` gives the Prometheus text format."""
+@dataclasses.dataclass(frozen=True)
+class MetricNames:
+    """The exposed name of each quantity in one naming; None: not exported in it. Counters are
+    named without ``_total``, which prometheus_client appends."""
 
-    def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
+    labels: tuple[str, ...]
+    request_latency: str
+    time_to_first_token: str
+    request_time_per_output_token: str
+    inter_token_latency: Optional[str]  # each gap between a request's token-producing steps
+    request_success: Optional[str]  # finished requests by finish reason
+    generation_tokens: str
+    prompt_tokens: str
+    num_preemptions: str
+    num_running: str
+    num_waiting: str
+    kv_cache_usage: str
+    prefix_cache_queries: str
+    prefix_cache_hits: str
+    spec_decode_prefix: str
+
+
+METRIC_NAMINGS = {
+    "octavo": MetricNames(
+        labels=(),
+        request_latency="octavo_request_latency_seconds",
+        time_to_first_token="octavo_time_to_first_token_seconds",
+        request_time_per_output_token="octavo_inter_token_latency_seconds",
+        inter_token_latency=None,
+        request_success=None,
+        generation_tokens="octavo_tokens_generated",
+        prompt_tokens="octavo_prompt_tokens",
+        num_preemptions="octavo_num_requests_preempted",
+        num_running="octavo_num_requests_running",
+        num_waiting="octavo_num_requests_waiting",
+        kv_cache_usage="octavo_kv_cache_usage_ratio",
+        prefix_cache_queries="octavo_prefix_cache_queries",
+        prefix_cache_hits="octavo_prefix_cache_hits",
+        spec_decode_prefix="octavo_spec_decode",
+    ),
+    "vllm": MetricNames(
+        labels=("model_name", "engine"),
+        request_latency="vllm:e2e_request_latency_seconds",
+        time_to_first_token="vllm:time_to_first_token_seconds",
+        request_time_per_output_token="vllm:request_time_per_output_token_seconds",
+        inter_token_latency="vllm:inter_token_latency_seconds",
+        request_success="vllm:request_success",
+        generation_tokens="vllm:generation_tokens",
+        prompt_tokens="vllm:prompt_tokens",
+        num_preemptions="vllm:num_preemptions",
+        num_running="vllm:num_requests_running",
+        num_waiting="vllm:num_requests_waiting",
+        kv_cache_usage="vllm:kv_cache_usage_perc",
+        prefix_cache_queries="vllm:prefix_cache_queries",
+        prefix_cache_hits="vllm:prefix_cache_hits",
+        spec_decode_prefix="vllm:spec_decode",
+    ),
+}
+"""``--metrics-naming`` choices."""
+
+# vLLM's finish reasons (its FinishReason); octavo's finish_reason strings are the same words.
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+class _Family:
+    """Makes one naming's metrics: each with the naming's labels, fixed to this engine's values
+    (``model_name``, ``engine`` "0"), plus any of its own."""
+
+    def __init__(self, names: MetricNames, model_name: str, registry: CollectorRegistry) -> None:
+        self.names = names
+        self.values = {"model_name": model_name, "engine": "0"}
+        self.registry = registry
+
+    def make(self, kind, name: str, documentation: str, extra: tuple[str, ...] = (), **kw):
+        """The metric's child for this engine, or a _Partial when ``extra`` labels stay open."""
+        labels = self.names.labels
+        metric = kind(name, documentation, [*labels, *extra], registry=self.registry, **kw)
+        values = [self.values[label] for label in labels]
+        if extra:
+            return _Partial(metric, values)
+        return metric.labels(*values) if values else metric
+
+
+class _Partial:
+    """A labelled metric with this engine's labels given: ``labels(*extra)`` gives the child."""
+
+    def __init__(self, metric: Any, values: list[str]) -> None:
+        self.metric, self.values = metric, values
+
+    def labels(self, *extra: str) -> Any:
+        return self.metric.labels(*self.values, *extra)
+
+
+class EngineMetrics:
+    """The metrics of one engine in ``naming`` (a key of ``METRIC_NAMINGS``); ``render()`` gives
+    the Prometheus text format."""
+
+    def __init__(
+        self,
+        registry: Optional[CollectorRegistry] = None,
+        naming: str = "octavo",
+        model_name: str = "",
+    ) -> None:
+        if naming not in METRIC_NAMINGS:
+            raise ValueError(
+                f"metrics naming must be one of {sorted(METRIC_NAMINGS)}; got {naming!r}"
+            )
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
+        self.naming = naming
+        names = METRIC_NAMINGS[naming]
+        family = _Family(names, model_name, self.registry)
+        make = family.make
+        self.requests = make(
+            Counter,
             "octavo_requests",
             "Requests by outcome: finished, aborted (client gone), failed (engine error), "
             "invalid (400/404), rejected (queue full)",
-            ["status"],
-            registry=r,
+            ("status",),
         )
         for status in REQUEST_STATUSES:
             self.requests.labels(status)  # export zeros from the start
-        self.request_latency = Histogram(
-            "octavo_request_latency_seconds",
+        self.request_latency = make(
+            Histogram,
+            names.request_latency,
             "Arrival to finish of finished requests",
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.time_to_first_token = Histogram(
-            "octavo_time_to_first_token_seconds",
+        self.time_to_first_token = make(
+            Histogram,
+            names.time_to_first_token,
             "Arrival to first output token",
             buckets=TTFT_BUCKETS,
-            registry=r,
         )
-        self.inter_token_latency = Histogram(
-            "octavo_inter_token_latency_seconds",
+        self.request_time_per_output_token = make(
+            Histogram,
+            names.request_time_per_output_token,
             "Mean time between output tokens, one observation per finished request",
             buckets=ITL_BUCKETS,
-            registry=r,
         )
-        self.tokens_generated = Counter(
-            "octavo_tokens_generated", "Output tokens generated", registry=r
+        self.inter_token_latency = None
+        if names.inter_token_latency is not None:
+            self.inter_token_latency = make(
+                Histogram,
+                names.inter_token_latency,
+                "Time between a request's successive steps that gave it tokens",
+                buckets=ITL_BUCKETS,
+            )
+        self.request_success = None
+        if names.request_success is not None:
+            self.request_success = make(
+                Counter,
+                names.request_success,
+                "Finished requests by finish reason",
+                ("finished_reason",),
+            )
+            for reason in FINISH_REASONS:
+                self.request_success.labels(reason)
+        self.tokens_generated = make(Counter, names.generation_tokens, "Output tokens generated")
+        self.prompt_tokens = make(
+            Counter, names.prompt_tokens, "Prompt tokens of requests admitted to the engine"
         )
-        self.prompt_tokens = Counter(
-            "octavo_prompt_tokens", "Prompt tokens of requests admitted to the engine", registry=r
-        )
-        self.num_preempted = Counter(
-            "octavo_num_requests_preempted", "Preemptions (recompute or swap)", registry=r
-        )
-        self.num_running = Gauge(
-            "octavo_num_requests_running", "Requests in the running batch", registry=r
-        )
-        self.num_waiting = Gauge(
-            "octavo_num_requests_waiting",
+        self.num_preempted = make(Counter, names.num_preemptions, "Preemptions (recompute or swap)")
+        self.num_running = make(Gauge, names.num_running, "Requests in the running batch")
+        self.num_waiting = make(
+            Gauge,
+            names.num_waiting,
             "Requests waiting to be scheduled (swapped-out ones included)",
-            registry=r,
         )
-        self.kv_cache_usage = Gauge(
-            "octavo_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r
+        self.kv_cache_usage = make(
+            Gauge, names.kv_cache_usage, "Fraction of KV cache blocks in use (1 is all)"
         )
-        self.prefix_cache_queries = Counter(
-            "octavo_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
+        self.prefix_cache_queries = make(
+            Counter, names.prefix_cache_queries, "Prompt tokens looked up in the prefix cache"
         )
-        self.prefix_cache_hits = Counter(
-            "octavo_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r
+        self.prefix_cache_hits = make(
+            Counter, names.prefix_cache_hits, "Prompt tokens found in the prefix cache"
         )
-        self.spec_decode = SpecDecodeMetrics(r)
+        self.spec_decode = SpecDecodeMetrics(family)
         # Last seen cumulative values of the engine core (touched by the engine thread only).
         self._seen_preempted = 0
         self._seen_queries = 0
@@ -140,9 +265,16 @@ class EngineMetrics:
 
     def on_request_finished(self, output: Any) -> None:
         """A RequestOutput with ``finished`` set: count its outcome and observe its latencies."""
-        aborted = any(completion.finish_reason == "abort" for completion in output.outputs)
+        reasons = [completion.finish_reason for completion in output.outputs]
+        aborted = "abort" in reasons
         self.requests.labels("aborted" if aborted else "finished").inc()
+        if self.request_success is not None:
+            reason = "abort" if aborted else next((r for r in reasons if r), "stop")
+            self.request_success.labels(reason).inc()
         metrics = output.metrics
+        if metrics is not None and self.inter_token_latency is not None:
+            for gap in metrics.token_gaps:
+                self.inter_token_latency.observe(gap)
         if metrics is None or aborted:
             return
         if metrics.finished_time is not None:
@@ -151,13 +283,15 @@ class EngineMetrics:
             self.time_to_first_token.observe(metrics.first_token_time - metrics.arrival_time)
             num_gaps = metrics.num_generation_tokens - 1
             if num_gaps > 0 and metrics.last_token_time is not None:
-                self.inter_token_latency.observe(
+                self.request_time_per_output_token.observe(
                     (metrics.last_token_time - metrics.first_token_time) / num_gaps
                 )
 
     def on_request_failed(self) -> None:
         """A request ended by an engine error."""
         self.requests.labels("failed").inc()
+        if self.request_success is not None:
+            self.request_success.labels("error").inc()
 
     def on_step(self, core: Any) -> None:
         """Refresh gauges and core counters from an EngineCore after a step or an abort."""
@@ -183,27 +317,27 @@ class EngineMetrics:
 
 
 class SpecDecodeMetrics:
-    """The ``octavo_spec_decode_*`` counters, fed the scheduler's cumulative SpecDecodeStats."""
+    """The speculative-decoding counters (``<prefix>_num_drafts`` and the rest), fed the
+    scheduler's cumulative SpecDecodeStats."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.num_drafts = Counter(
-            "octavo_spec_decode_num_drafts",
+    def __init__(self, family: _Family) -> None:
+        prefix = family.names.spec_decode_prefix
+        self.num_drafts = family.make(
+            Counter,
+            f"{prefix}_num_drafts",
             "Speculative decoding: verifications (a request's step with at least one draft)",
-            registry=registry,
         )
-        self.num_draft_tokens = Counter(
-            "octavo_spec_decode_num_draft_tokens",
-            "Draft tokens scheduled and verified",
-            registry=registry,
+        self.num_draft_tokens = family.make(
+            Counter, f"{prefix}_num_draft_tokens", "Draft tokens scheduled and verified"
         )
-        self.num_accepted_tokens = Counter(
-            "octavo_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=registry
+        self.num_accepted_tokens = family.make(
+            Counter, f"{prefix}_num_accepted_tokens", "Draft tokens accepted"
         )
-        self.num_accepted_tokens_per_pos = Counter(
-            "octavo_spec_decode_num_accepted_tokens_per_pos",
+        self.num_accepted_tokens_per_pos = family.make(
+            Counter,
+            f"{prefix}_num_accepted_tokens_per_pos",
             "Draft tokens accepted at each draft position (0-based)",
-            ["position"],
-            registry=registry,
+            ("position",),
         )
         self._seen = SpecDecodeStats()
 

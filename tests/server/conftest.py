@@ -26,6 +26,7 @@ from octavo.engine.async_engine import AsyncEngine  # noqa: E402
 from octavo.engine.llm_engine import LLMEngine  # noqa: E402
 from octavo.entrypoints.openai.api_server import build_app  # noqa: E402
 from octavo.entrypoints.openai.serving_common import ServerConfig  # noqa: E402
+from octavo.metrics import EngineMetrics  # noqa: E402
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model  # noqa: E402
 
 TINY = TinyModelSpec(
@@ -111,14 +112,17 @@ class RunningServer:
 
 
 def start_server(
-    model: Path, config: Optional[ServerConfig] = None, **engine_args
+    model: Path,
+    config: Optional[ServerConfig] = None,
+    metrics: Optional[EngineMetrics] = None,
+    **engine_args,
 ) -> RunningServer:
     """Build an engine on ``model`` and serve it on a free port; returns once it accepts
     requests."""
     import uvicorn
 
     engine = LLMEngine(EngineArgs(model=str(model), **{**ENGINE_DEFAULTS, **engine_args}))
-    async_engine = AsyncEngine(engine)
+    async_engine = AsyncEngine(engine, metrics)
     config = config or ServerConfig(served_model_name=MODEL_NAME, log_requests=False)
     app = build_app(async_engine, config)
     # IPPROTO_TCP, so asyncio sets TCP_NODELAY: with Nagle on, each kept-alive response waits ~40 ms

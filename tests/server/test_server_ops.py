@@ -11,6 +11,7 @@ import pytest
 from engine_gate import EngineGate, pending_commands, requests_in_engine, serving_context, wait_for  # noqa: E402  (tests/server/engine_gate.py)
 
 from octavo import SamplingParams
+from octavo.metrics import EngineMetrics
 
 PROMPTS = [
     "once upon a time",
@@ -172,6 +173,19 @@ def test_cache_salt_separates_tenants_in_the_prefix_cache(server):
     assert run(None) == 32
 
 
+def streamed_chat_usage(client):
+    """A streamed 3-token greedy chat completion's usage."""
+    stream = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=3,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return [c for c in stream][-1].usage
+
+
 def test_metrics_agree_with_the_requests_sent(server):
     before = server.metrics()
     client = server.client()
@@ -183,15 +197,7 @@ def test_metrics_agree_with_the_requests_sent(server):
             model="tiny-llama", prompt=PROMPTS[2], max_tokens=4, n=2, temperature=0.8, seed=3
         ).usage,
     ]
-    stream = client.chat.completions.create(
-        model="tiny-llama",
-        messages=[{"role": "user", "content": "hi"}],
-        max_completion_tokens=3,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    usages.append([c for c in stream][-1].usage)
+    usages.append(streamed_chat_usage(client))
     with httpx.Client(base_url=server.base_url) as http:
         statuses = [
             http.post("/v1/completions", json={"prompt": "hi", "n": 0}).status_code,
@@ -225,6 +231,62 @@ def test_metrics_agree_with_the_requests_sent(server):
         "octavo_num_requests_waiting",
     ):
         assert name in after
+
+
+def test_vllm_naming_counts_the_same_quantities_under_vllms_names(
+    module_server_factory, server_model
+):
+    """``--metrics-naming vllm``: vLLM v1's names, its model_name and engine labels, finish
+    reasons, and one inter-token observation per step after a request's first token."""
+    running = module_server_factory(
+        server_model, None, metrics=EngineMetrics(naming="vllm", model_name="tiny-llama")
+    )
+    before = running.metrics()
+    client = running.client()
+    usages = [
+        client.completions.create(
+            model="tiny-llama", prompt=PROMPTS[:2], max_tokens=5, temperature=0
+        ).usage
+    ]
+    usages.append(streamed_chat_usage(client))
+    with httpx.Client(base_url=running.base_url) as http:
+        assert http.post("/v1/completions", json={"prompt": "hi", "n": 0}).status_code == 400
+    running.wait_idle()
+    labels = 'engine="0",model_name="tiny-llama"'
+    wait_for(lambda: running.metrics()[f"vllm:kv_cache_usage_perc{{{labels}}}"] == 0.0)
+    after = running.metrics()
+
+    def delta(name: str, extra: str = "") -> float:  # the conftest's keys: labels sorted
+        key = f"{name}{{{','.join(sorted([*labels.split(','), *filter(None, [extra])]))}}}"
+        return after[key] - before.get(key, 0.0)
+
+    tokens = sum(u.completion_tokens for u in usages)
+    assert tokens == 13
+    assert delta("vllm:generation_tokens_total") == tokens
+    assert delta("vllm:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert delta("vllm:request_success_total", 'finished_reason="length"') == 3
+    assert delta("vllm:request_success_total", 'finished_reason="abort"') == 0
+    assert delta("vllm:time_to_first_token_seconds_count") == 3
+    assert delta("vllm:e2e_request_latency_seconds_count") == 3
+    assert delta("vllm:request_time_per_output_token_seconds_count") == 3
+    assert delta("vllm:inter_token_latency_seconds_count") == tokens - 3  # a token a step
+    assert delta("octavo_requests_total", 'status="finished"') == 3
+    assert delta("octavo_requests_total", 'status="invalid"') == 1
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:spec_decode_num_drafts_total",
+    ):
+        assert f"{name}{{{labels}}}" in after, name
+    assert not any(key.startswith("octavo_tokens") for key in after)
+
+
+def test_an_unknown_metrics_naming_is_refused():
+    with pytest.raises(ValueError, match="metrics naming must be one of"):
+        EngineMetrics(naming="prometheus")
 
 
 def test_metrics_endpoint_is_prometheus_text(server):

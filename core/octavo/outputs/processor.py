@@ -305,5 +305,7 @@ def _update_metrics(metrics: RequestMetrics, num_new_tokens: int, now: float) ->
         return
     if metrics.first_token_time is None:
         metrics.first_token_time = now
+    elif now > metrics.last_token_time:  # a new step (a request's samples share one)
+        metrics.token_gaps.append(now - metrics.last_token_time)
     metrics.last_token_time = now
     metrics.num_generation_tokens += num_new_tokens

@@ -47,6 +47,8 @@ class RequestMetrics:
     last_token_time: Optional[float] = None
     finished_time: Optional[float] = None
     num_generation_tokens: int = 0
+    # Seconds between successive engine steps that gave the request tokens (inter-token latency).
+    token_gaps: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def time_to_first_token(self) -> Optional[float]:

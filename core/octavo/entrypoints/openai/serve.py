@@ -82,6 +82,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="seconds /health/ready waits for its one-token generation",
     )
     server.add_argument(
+        "--metrics-naming",
+        default="octavo",
+        choices=("octavo", "vllm"),  # octavo.metrics.METRIC_NAMINGS (not imported for --help)
+        help="the names /metrics exposes: octavo's (octavo_*) or vLLM's (vllm:*, with its "
+        "model_name and engine labels, for dashboards, autoscalers and routers made for vLLM)",
+    )
+    server.add_argument(
         "--tool-call-parser",
         default=None,
         help="read tool calls in this format (a name from the octavo_tool_parsers hook: "
@@ -140,6 +147,7 @@ def run_serve(args: argparse.Namespace) -> int:
             from octavo.engine.llm_engine import LLMEngine
             from octavo.entrypoints.openai.api_server import build_app
             from octavo.entrypoints.openai.serving_common import ServerConfig
+            from octavo.metrics import EngineMetrics
 
             config = ServerConfig(
                 served_model_name=args.served_model_name or default_name,
@@ -152,7 +160,8 @@ def run_serve(args: argparse.Namespace) -> int:
                 tool_call_parser=tool_call_parser,
                 enable_auto_tool_choice=auto_tool_choice,
             )
-            app = build_app(AsyncEngine(LLMEngine(engine_args)), config)
+            metrics = EngineMetrics(naming=args.metrics_naming, model_name=config.served_model_name)
+            app = build_app(AsyncEngine(LLMEngine(engine_args), metrics), config)
     except BaseException:
         listening.close()
         raise
