@@ -10,7 +10,7 @@ MODEL ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install bytecode lint test serve clean
+.PHONY: install bytecode lint test serve clean runtime
 
 install: $(STAMP)
 
@@ -39,6 +39,26 @@ test: lint
 
 serve: install bytecode
 	$(VENV)/bin/octavo serve $(MODEL) --host $(HOST) --port $(PORT)
+
+# One platform's runtime, without the test tools, in a new venv at PREFIX: what the images in
+# deploy/docker install (their build stage runs this target; tests/deploy runs it too).
+# PLATFORM: cpu | cuda | rocm | tpu. TORCH_INDEX: where torch==2.13.0 comes from (the cpu image:
+# PyTorch's CPU index; empty: pip's default). The cpu kernels build for AVX-512 and AVX2 alike.
+PLATFORM ?= cpu
+PREFIX ?= /opt/octavo
+TORCH_INDEX ?=
+RUNTIME_PACKAGES_cpu := platforms/cpu
+RUNTIME_PACKAGES_cuda := platforms/triton_common platforms/cuda
+RUNTIME_PACKAGES_rocm := platforms/triton_common platforms/rocm
+RUNTIME_PACKAGES_tpu := platforms/tpu
+RUNTIME_EXTRAS_tpu := 'jax[tpu]==0.10.2'
+
+runtime:
+	@test -n "$(RUNTIME_PACKAGES_$(PLATFORM))" || { echo "PLATFORM must be cpu, cuda, rocm or tpu; got '$(PLATFORM)'"; exit 2; }
+	$(PYTHON) -m venv $(PREFIX)
+	$(PREFIX)/bin/pip install -q --upgrade pip setuptools
+	$(PREFIX)/bin/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PREFIX)/bin/pip install -q --no-build-isolation '.[serve]' $(RUNTIME_PACKAGES_$(PLATFORM)) $(RUNTIME_EXTRAS_$(PLATFORM))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

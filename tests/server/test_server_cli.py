@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+from cli_server import cli_server  # noqa: E402  (tests/server/cli_server.py)
 
 from octavo.cli import build_parser
 from octavo.config import EngineArgs
@@ -76,12 +73,6 @@ def test_missing_demo_model_fails_with_a_clear_message(monkeypatch, tmp_path):
     assert serve.demo_model_path() == tmp_path / "data" / "demo-model"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_port_in_use_is_refused_before_the_engine_starts(monkeypatch):
     """The server binds its port before building the engine (so nothing the engine starts, such
     as a tensor-parallel rendezvous on a free port, can take it): a port in use is a ConfigError
@@ -102,36 +93,7 @@ def test_a_port_in_use_is_refused_before_the_engine_starts(monkeypatch):
 
 @pytest.mark.slow
 def test_sigterm_lets_10_streams_finish_then_exits_0(server_model: Path):
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "octavo.cli",
-        "serve",
-        str(server_model),
-        "--port",
-        str(port),
-        "--kv-cache-memory",
-        "8MiB",
-        "--disable-log-requests",
-        "--uvicorn-log-level",
-        "warning",
-        "--shutdown-timeout",
-        "60",
-    ]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+    with cli_server(server_model, "--shutdown-timeout", "60") as (process, base_url):
         body = {
             "prompt": "once upon a time",
             "max_tokens": 150,
@@ -161,9 +123,6 @@ def test_sigterm_lets_10_streams_finish_then_exits_0(server_model: Path):
         for thread in threads:
             thread.join(timeout=120)
         assert process.wait(timeout=120) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
     for chunks in results:
         assert chunks is not None and chunks[-1] == "data: [DONE]"
         assert json.loads(chunks[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 150
