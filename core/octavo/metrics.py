@@ -174,7 +174,16 @@ class EngineMetrics:
         self.naming = naming
         names = METRIC_NAMINGS[naming]
         family = _Family(names, model_name, self.registry)
-        make = family.make
+        self._add_request_metrics(family.make, names)
+        self._add_engine_metrics(family.make, names)
+        self.spec_decode = SpecDecodeMetrics(family)
+        # Last seen cumulative values of the engine core (touched by the engine thread only).
+        self._seen_preempted = 0
+        self._seen_queries = 0
+        self._seen_hits = 0
+
+    def _add_request_metrics(self, make, names: MetricNames) -> None:
+        """Counters and latencies of requests (updated as they arrive, stream and finish)."""
         self.requests = make(
             Counter,
             "octavo_requests",
@@ -220,6 +229,9 @@ class EngineMetrics:
             )
             for reason in FINISH_REASONS:
                 self.request_success.labels(reason)
+
+    def _add_engine_metrics(self, make, names: MetricNames) -> None:
+        """Token counters, scheduler gauges and the KV cache's (updated each step)."""
         self.tokens_generated = make(Counter, names.generation_tokens, "Output tokens generated")
         self.prompt_tokens = make(
             Counter, names.prompt_tokens, "Prompt tokens of requests admitted to the engine"
@@ -240,11 +252,6 @@ class EngineMetrics:
         self.prefix_cache_hits = make(
             Counter, names.prefix_cache_hits, "Prompt tokens found in the prefix cache"
         )
-        self.spec_decode = SpecDecodeMetrics(family)
-        # Last seen cumulative values of the engine core (touched by the engine thread only).
-        self._seen_preempted = 0
-        self._seen_queries = 0
-        self._seen_hits = 0
 
     # --- from the HTTP layer --------------------------------------------------------------------
 
