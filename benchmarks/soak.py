@@ -11,7 +11,7 @@ capacity for a while, then a drain and a SIGTERM with streams in flight.
    - a streamed completion;
    - a completion that is not streamed;
    - a streamed chat completion;
-   - a stream the client drops after its first chunks (a cancellation);
+   - a stream the client drops after its first chunk (a cancellation);
    - a bad request, which must get a 400 with an OpenAI error body.
    Every 5 s it samples the server's resident memory and its /metrics gauges.
 4. Stops the arrivals, waits for what is in flight, and reads the KV cache's usage once the
@@ -160,7 +160,9 @@ class Traffic:
         if kind == "stream":
             return await self.stream("/v1/completions", self.completion_body(True))
         if kind == "cancel":
-            return await self.stream("/v1/completions", self.completion_body(True), drop_after=2)
+            # Dropped after its first chunk: every stream has one before [DONE], so this is
+            # always a cancellation (the engine may have finished the request already).
+            return await self.stream("/v1/completions", self.completion_body(True), drop_after=1)
         if kind == "chat_stream":
             body = {
                 "model": self.model,
