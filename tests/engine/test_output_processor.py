@@ -411,6 +411,11 @@ def test_metrics_record_token_times(bpe):
         <= metrics.last_token_time
         <= metrics.finished_time
     )
+    # A gap per later step (a token a step here; two steps within one clock tick give one),
+    # summing to the span from the first token to the last.
+    assert 1 <= len(metrics.token_gaps) <= 2
+    span = metrics.last_token_time - metrics.first_token_time
+    assert sum(metrics.token_gaps) == pytest.approx(span)
 
 
 @pytest.fixture(scope="module")

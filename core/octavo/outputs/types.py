@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from array import array
 from typing import Optional, Union
 
 
@@ -47,8 +48,9 @@ class RequestMetrics:
     last_token_time: Optional[float] = None
     finished_time: Optional[float] = None
     num_generation_tokens: int = 0
-    # Seconds between successive engine steps that gave the request tokens (inter-token latency).
-    token_gaps: list[float] = dataclasses.field(default_factory=list)
+    # Seconds between successive engine steps that gave the request tokens (inter-token
+    # latency), 8 bytes each.
+    token_gaps: array = dataclasses.field(default_factory=lambda: array("d"))
 
     @property
     def time_to_first_token(self) -> Optional[float]:
