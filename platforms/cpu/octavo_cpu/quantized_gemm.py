@@ -59,16 +59,23 @@ def pack_rows(raw: np.ndarray, quant_type: str, in_features: int) -> torch.Tenso
     bytes, each row cut into slabs (``_slabs``) and every 16 rows' slabs interleaved."""
     if quant_type == "Q4_K":
         return pack_rows(q4_k_as_q4_1(raw, in_features), "Q4_1", in_features)
-    rows = raw.shape[0]
     slabs, tail = _slabs(np.ascontiguousarray(raw), quant_type, in_features)
-    panels = []
-    for start in range(0, rows, PANEL):
-        stop = min(rows, start + PANEL)
-        panels.append(slabs[start:stop].transpose(1, 0, 2).reshape(-1))
-        if tail is not None:
-            panels.append(tail[start:stop].reshape(-1))
-    packed = np.concatenate(panels).reshape(raw.shape)
+    full = raw.shape[0] // PANEL * PANEL  # rows in full panels; the rest make the last one
+    parts = [_interleaved(slabs[:full], tail, 0, full, PANEL)] if full else []
+    if full < raw.shape[0]:
+        parts.append(_interleaved(slabs[full:], tail, full, raw.shape[0], raw.shape[0] - full))
+    packed = np.concatenate(parts, axis=None).reshape(raw.shape)
     return torch.from_numpy(np.ascontiguousarray(packed))
+
+
+def _interleaved(slabs: np.ndarray, tail, start: int, stop: int, panel: int) -> np.ndarray:
+    """Rows ``start:stop`` (``slabs`` of them) as panels of ``panel`` rows: each panel's slabs
+    row-interleaved, then its rows' ``tail`` bytes."""
+    panels = (stop - start) // panel
+    body = slabs.reshape(panels, panel, -1, 2).transpose(0, 2, 1, 3).reshape(panels, -1)
+    if tail is None:
+        return body
+    return np.concatenate([body, tail[start:stop].reshape(panels, -1)], axis=1)
 
 
 def _slabs(raw: np.ndarray, quant_type: str, in_features: int):
