@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+CRD_SCHEMAS := tests/server/crd_schemas
 PACKAGES := . platforms/cpu platforms/triton_common platforms/cuda platforms/rocm platforms/tpu plugins/octavo-example-platform
 MODEL ?=
 HOST ?= 127.0.0.1
@@ -14,7 +15,7 @@ PORT ?= 8000
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml requirements-test.txt platforms/cpu/setup.py $(wildcard platforms/cpu/csrc/*)
+$(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml requirements-test.txt platforms/cpu/setup.py $(wildcard platforms/cpu/csrc/*) $(CRD_SCHEMAS)/package-lock.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch is pinned to the CPU wheel; install it first so nothing pulls a CUDA build.
@@ -22,6 +23,11 @@ $(STAMP): pyproject.toml platforms/*/pyproject.toml plugins/*/pyproject.toml req
 	$(PIP) install -q -r requirements-test.txt
 	$(PIP) install -q --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
 	$(MAKE) --no-print-directory bytecode
+	# The Helm chart's custom resources are checked against their operators' schemas, which
+	# the npm registry has (tests/server/test_helm_chart.py); without npm those checks skip.
+	if command -v npm > /dev/null; then npm ci --prefix $(CRD_SCHEMAS) --no-audit --no-fund --loglevel=error \
+		|| echo "WARNING: npm ci failed: the chart's custom resources will not be schema-checked"; \
+	else echo "WARNING: no npm: the chart's custom resources will not be schema-checked"; fi
 	touch $(STAMP)
 
 # Byte-compile the project's packages, as installing a wheel does: editable installs are not,
@@ -61,4 +67,4 @@ runtime:
 	$(PREFIX)/bin/pip install -q --no-build-isolation '.[serve]' $(RUNTIME_PACKAGES_$(PLATFORM)) $(RUNTIME_EXTRAS_$(PLATFORM))
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis $(CRD_SCHEMAS)/node_modules

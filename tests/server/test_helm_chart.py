@@ -1,6 +1,8 @@
 """The Helm chart (deploy/helm/octavo), validated without a cluster: `helm lint` and `helm
 template` for every platform's values, each rendered manifest against the Kubernetes OpenAPI
-schemas (kubernetes-validate; the CRDs' pod templates as PodTemplates), the properties that
+schemas (kubernetes-validate; the CRDs' pod templates as PodTemplates) and each custom resource
+against its operator's (crd_schemas/ for Prometheus Operator and KEDA, lws_schema.py for the
+LeaderWorkerSet), the properties that
 keep a pod alive in production (memory-backed /dev/shm sized per platform, probes, a grace
 period longer than preStop plus the drain, non-root, accelerators per rank, the LeaderWorkerSet
 across nodes), and every metric name the autoscalers, alerts and dashboard read served by a
@@ -16,9 +18,11 @@ import sys
 from pathlib import Path
 
 import httpx2 as httpx
+import jsonschema
 import pytest
 import yaml
 from cli_server import cli_server  # noqa: E402  (tests/server/cli_server.py)
+from lws_schema import LEADER_WORKER_SET  # noqa: E402  (tests/server/lws_schema.py)
 from prometheus_client.parser import text_string_to_metric_families
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "octavo"
@@ -32,7 +36,9 @@ BUILT_IN_KINDS = {
     "PersistentVolumeClaim",
     "Service",
 }
-CRD_KINDS = {"LeaderWorkerSet", "PodMonitor", "PrometheusRule", "ScaledObject", "ServiceMonitor"}
+OPERATOR_KINDS = {"PodMonitor", "PrometheusRule", "ScaledObject", "ServiceMonitor"}
+CRD_KINDS = OPERATOR_KINDS | {"LeaderWorkerSet"}
+CRD_SCHEMAS = Path(__file__).resolve().parent / "crd_schemas"
 # Everything optional on (KEDA; the HPA in HPA_INSTEAD), with an API key.
 EVERYTHING = [
     "ingress.enabled=true",
@@ -63,6 +69,25 @@ def render(platform: str, *settings: str) -> list[dict]:
         command += ["--set", setting]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def operator_schema_errors(docs: list[dict]) -> list[str]:
+    """What the Prometheus Operator's and KEDA's schemas say of ``docs`` (crd_schemas/)."""
+    node = shutil.which("node")
+    if node is None or not (CRD_SCHEMAS / "node_modules").is_dir():
+        pytest.skip(
+            "the custom resources' schemas need node and `npm ci` in tests/server/crd_schemas "
+            "(`make install` runs it where npm exists): Prometheus Operator and KEDA resources "
+            "NOT validated"
+        )
+    result = subprocess.run(
+        [node, str(CRD_SCHEMAS / "validate.mjs")],
+        input=json.dumps(docs),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout)
 
 
 def render_error(*settings: str) -> str:
@@ -131,6 +156,38 @@ def test_every_manifest_passes_the_kubernetes_schemas(platform):
                 "template": {"spec": spec},
             }
             kubernetes_validate.validate(template, KUBERNETES_VERSION, strict=True)
+        for doc in of_kind(docs, "LeaderWorkerSet"):
+            jsonschema.validate(doc, LEADER_WORKER_SET)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_custom_resource_passes_its_operators_schema(platform):
+    rendered = [render(platform, *settings) for settings in (EVERYTHING, HPA_INSTEAD)]
+    docs = [doc for docs in rendered for doc in docs if doc["kind"] in OPERATOR_KINDS]
+    assert {doc["kind"] for doc in docs} == OPERATOR_KINDS
+    assert operator_schema_errors(docs) == []
+
+
+def test_the_custom_resource_schemas_refuse_what_the_api_server_would():
+    docs = [doc for doc in render("cpu", *EVERYTHING) if doc["kind"] in OPERATOR_KINDS]
+    monitor, scaled = of_kind(docs, "ServiceMonitor")[0], of_kind(docs, "ScaledObject")[0]
+    monitor["spec"]["endpoints"][0]["intervall"] = "30s"  # a field the CRD lacks, nested
+    errors = operator_schema_errors([monitor])
+    assert len(errors) == 1 and "'\"intervall\"' does not exist" in errors[0], errors
+    monitor["spec"]["endpoints"][0]["interval"] = "thirty seconds"
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 5  # KEDA's metadata: strings
+    errors = operator_schema_errors([monitor, scaled])
+    assert [e.split(":")[0] for e in errors] == ["ServiceMonitor rel-octavo"] + [
+        "ScaledObject rel-octavo"
+    ], errors
+    (lws,) = of_kind(render("cpu", *ACROSS_NODES), "LeaderWorkerSet")
+    lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+    with pytest.raises(jsonschema.ValidationError, match="is not one of"):
+        jsonschema.validate(lws, LEADER_WORKER_SET)
+    lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "None"
+    lws["spec"]["startupPolicys"] = "LeaderReady"
+    with pytest.raises(jsonschema.ValidationError, match="startupPolicys"):
+        jsonschema.validate(lws, LEADER_WORKER_SET)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
