@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from octavo.platform.types import AttentionMetadata, SamplingMetadata
+from octavo.platform.types import AttentionMetadata, LoRAMapping, SamplingMetadata
 
 # --- paged attention -------------------------------------------------------------------------
 
@@ -132,6 +132,50 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``, the SwiGLU of the Llama MLP, as HuggingFace computes it (each op in
     the input dtype)."""
     return torch.nn.functional.silu(gate) * up
+
+
+# --- LoRA ------------------------------------------------------------------------------------
+
+
+def lora_shrink(x: torch.Tensor, a_stacked: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+    """``[T, R]`` float32: each token's ``x @ A.T`` with its slot's ``A`` (zeros without one),
+    one product per adapter of the step over the rows grouped by ``mapping``."""
+    out = torch.zeros(x.shape[0], a_stacked.shape[1], dtype=torch.float32, device=x.device)
+    for slot, rows in _lora_segments(mapping):
+        out[rows] = x[rows].float() @ a_stacked[slot].float().T
+    return out
+
+
+def lora_expand(
+    y: torch.Tensor,
+    buffer: torch.Tensor,
+    b_stacked: torch.Tensor,
+    mapping: LoRAMapping,
+    offset: int,
+) -> None:
+    """``y[t, offset : offset + N] += buffer[t] @ B.T`` with token ``t``'s slot's ``B``, the sum
+    in float32 and rounded once; rows without an adapter untouched."""
+    width = b_stacked.shape[1]
+    for slot, rows in _lora_segments(mapping):
+        delta = buffer[rows] @ b_stacked[slot].float().T
+        target = y[rows, offset : offset + width]
+        y[rows, offset : offset + width] = (target.float() + delta).to(y.dtype)
+
+
+def _lora_segments(mapping: LoRAMapping):
+    starts = mapping.host_segment_starts
+    for g, slot in enumerate(mapping.host_segment_slots):
+        yield slot, mapping.sorted_tokens[starts[g] : starts[g + 1]]
+
+
+class _ReferenceLoRAKernels:
+    """:func:`lora_shrink` and :func:`lora_expand` as a platform's ``LoRAKernels``."""
+
+    shrink = staticmethod(lora_shrink)
+    expand = staticmethod(lora_expand)
+
+
+LORA_KERNELS = _ReferenceLoRAKernels()
 
 
 # --- sampling --------------------------------------------------------------------------------

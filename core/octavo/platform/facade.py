@@ -29,6 +29,7 @@ from octavo.platform.types import (
     Communicator,
     EngineRunner,
     LinearPacker,
+    LoRAKernels,
     MemoryInfo,
     PlatformInfo,
     QuantizedLinearPacker,
@@ -156,6 +157,12 @@ class Platform:
         """The platform's rotary embedding of query and key, or the reference's composition."""
         result = self.pm.hook.octavo_rotary_embedding(platform=self.info)
         return result if result is not None else reference.rotary_embedding
+
+    @functools.lru_cache(maxsize=None)
+    def lora_kernels(self, dtype: torch.dtype) -> LoRAKernels:
+        """The platform's batched LoRA products for ``dtype``, or the reference's."""
+        result = self.pm.hook.octavo_lora_kernels(platform=self.info, dtype=dtype)
+        return result if result is not None else reference.LORA_KERNELS
 
     def linear_packer(self, dtype: torch.dtype) -> Optional[LinearPacker]:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""

@@ -27,6 +27,7 @@ from octavo.platform.types import (
     Capabilities,
     Communicator,
     LinearPacker,
+    LoRAKernels,
     MemoryInfo,
     PlatformInfo,
     QuantizedLinearPacker,
@@ -169,6 +170,17 @@ def octavo_silu_and_mul(platform: PlatformInfo) -> Optional[SiluAndMulFn]:
 
     Optional: without it the model composes ``octavo.ops.reference.silu_and_mul``. Stops at the
     first non-None result. Called once at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_lora_kernels(platform: PlatformInfo, dtype: torch.dtype) -> Optional[LoRAKernels]:
+    """Return the batched LoRA shrink/expand products (:class:`LoRAKernels`) for a model of
+    ``dtype``: many adapters in one batch, each token reading its own slot's weights.
+
+    Optional: without it LoRA layers use ``octavo.ops.reference.lora_shrink`` / ``lora_expand``
+    (a loop over the step's adapters). Stops at the first non-None result. Called once at
+    start-up when ``--enable-lora`` is on.
     """
 
 

@@ -185,6 +185,60 @@ rotate ``query`` and ``key`` in place: the model passes views of its own qkv pro
 SiluAndMulFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``fn(gate [T, I], up [T, I]) -> silu(gate) * up [T, I]`` in their dtype."""
 
+
+@dataclasses.dataclass(frozen=True)
+class LoRAMapping:
+    """Which LoRA slot each of a step's tokens reads, built once per step by the model runner
+    (``octavo.lora.mapping``) and shared by every LoRA layer of the step.
+
+    ``token_slots [T]`` (int64, on the device): the slot of each token, -1 for the base model.
+    The same, grouped: ``sorted_tokens [T_lora]`` (int64, on the device) lists the tokens that
+    have an adapter, those of one slot together; group ``g`` is slot ``segment_slots[g]`` and
+    holds ``sorted_tokens[segment_starts[g] : segment_starts[g + 1]]``. The segments are also
+    on the host as tuples (``host_segment_slots``, ``host_segment_starts``) for kernels that
+    loop over them there; ``max_segment_length`` is the longest.
+    """
+
+    token_slots: torch.Tensor
+    sorted_tokens: torch.Tensor
+    segment_slots: torch.Tensor
+    segment_starts: torch.Tensor
+    host_segment_slots: tuple[int, ...]
+    host_segment_starts: tuple[int, ...]
+    max_segment_length: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_slots.shape[0])
+
+
+class LoRAKernels(Protocol):
+    """The batched LoRA products of a platform (``octavo_lora_kernels``); the reference is
+    ``octavo.ops.reference.lora_shrink`` / ``lora_expand``. ``S`` slots, rank ``R`` (adapters
+    of a lower rank zero-padded), the adapters' scaling folded into ``b_stacked``."""
+
+    def shrink(
+        self, x: torch.Tensor, a_stacked: torch.Tensor, mapping: LoRAMapping
+    ) -> torch.Tensor:
+        """``x [T, K]`` (model dtype), ``a_stacked [S, R, K]`` -> ``[T, R]`` float32: row ``t``
+        is ``x[t] @ a_stacked[slot(t)].T``; a row without an adapter is zeros."""
+        ...
+
+    def expand(
+        self,
+        y: torch.Tensor,
+        buffer: torch.Tensor,
+        b_stacked: torch.Tensor,
+        mapping: LoRAMapping,
+        offset: int,
+    ) -> None:
+        """Add ``buffer[t] @ b_stacked[slot(t)].T`` into ``y[t, offset : offset + N]`` in place
+        for every token with an adapter (``buffer [T, R]`` float32, possibly a column slice of
+        a wider buffer; ``b_stacked [S, N, R]``; ``y [T, >= offset + N]`` in the model dtype,
+        rounded once); rows without an adapter are left untouched."""
+        ...
+
+
 LinearPacker = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 """``pack(weight [N, K]) -> fn(x [M, K]) -> x @ weight.T [M, N]``: called once per weight at load
 (the platform may keep a copy in its own layout); ``fn`` must give ``F.linear``'s numbers."""

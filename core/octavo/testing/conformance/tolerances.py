@@ -90,3 +90,15 @@ def require_block_size(platform, block_size: int) -> None:
     """Skip the case when the platform does not offer ``block_size``."""
     if block_size not in platform.capabilities.block_sizes:
         pytest.skip(f"platform {platform.name!r} does not offer block size {block_size}")
+
+
+LORA_SHRINK = {  # float32 out; products of the inputs exact in float32: summation order only
+    dtype: Tolerance(atol=1e-4, rtol=1e-5)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16)
+}
+
+LORA_EXPAND = {  # the float32 sum rounded once to y's dtype
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=8e-3),
+}
