@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "LoRARequest",
     "SamplingParams",
     "TextPrompt",
     "TokensPrompt",
@@ -40,6 +41,10 @@ def __getattr__(name: str):
         from octavo import inputs
 
         return getattr(inputs, name)
+    if name == "LoRARequest":
+        from octavo.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "SamplingParams":
         from octavo.sampling_params import SamplingParams
 

@@ -62,6 +62,7 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     max_model_len: Optional[int] = None  # None: the model's own context length
     num_lookahead_tokens: int = 0  # KV slots past the scheduled tokens (a draft model's drafts)
+    max_loras: int = 0  # distinct LoRA adapters among running requests (0: LoRA is off)
 
 
 def check_quantization(quantization: Optional[str]) -> Optional[str]:
@@ -149,6 +150,10 @@ class EngineArgs:
     override_generation_config: Optional[dict] = None
     speculative_config: Optional[SpeculativeConfig] = None  # or vLLM's dict / its JSON text
     structured_outputs_config: Optional[dict] = None  # vLLM's: backend, disable_any_whitespace
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None  # None: max_loras
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
@@ -204,12 +209,43 @@ class EngineArgs:
         check_quantization(self.quantization)
         _ = self.parallel_config  # resolving the layout checks it
         spec = self.speculative_config
+        if self.enable_lora:
+            self._check_lora()
         if self.tensor_parallel_size > 1 and spec is not None and spec.method != "ngram":
             raise ConfigError(
                 f"speculative decoding by {spec.method!r} does not run with tensor parallelism "
                 "yet (its draft model is not sharded): use the ngram method, or "
                 "--tensor-parallel-size 1"
             )
+
+    def _check_lora(self) -> None:
+        """--enable-lora's flags, and the features it does not run with yet."""
+        _ = self.lora_config  # checks max_loras, max_lora_rank, max_cpu_loras
+        refused = {
+            "--tensor-parallel-size > 1 (adapters are not sharded yet): use -tp 1": (
+                self.tensor_parallel_size > 1
+            ),
+            "--no-enforce-eager (the compiled graph runs no LoRA deltas): drop it": (
+                not self.enforce_eager
+            ),
+            "speculative decoding with a draft model or head (it drafts without the adapter): "
+            "use the ngram method or none": (
+                self.speculative_config is not None and self.speculative_config.method != "ngram"
+            ),
+        }
+        for what, refuse in refused.items():
+            if refuse:
+                raise ConfigError(f"--enable-lora does not run with {what}")
+
+    @property
+    def lora_config(self):
+        """The LoRA slots' configuration (:class:`octavo.lora.config.LoRAConfig`), or None
+        without ``--enable-lora``."""
+        if not self.enable_lora:
+            return None
+        from octavo.lora.config import LoRAConfig
+
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
     @property
     def parallel_config(self):
@@ -239,6 +275,7 @@ class EngineArgs:
             scheduling_policy=self.scheduling_policy,
             max_model_len=max_model_len,
             num_lookahead_tokens=self.num_lookahead_tokens,
+            max_loras=self.max_loras if self.enable_lora else 0,
         )
 
     @property
@@ -316,6 +353,7 @@ class EngineArgs:
             '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' '
             f"(methods: {', '.join(SPECULATIVE_METHODS)})",
         )
+        add_lora_args(group)
         return parser
 
     @classmethod
@@ -354,6 +392,28 @@ def add_parallel_args(group) -> None:
         type=int,
         default=None,
         help="the rendezvous port (default: MASTER_PORT, else a free port on one node)",
+    )
+
+
+def add_lora_args(group) -> None:
+    """``--enable-lora`` and the slots' sizes, as vLLM names them (the adapters themselves:
+    ``octavo serve --lora-modules``, or a ``LoRARequest`` per offline call)."""
+    group.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="serve LoRA adapters (PEFT folders) over the base model, many in one batch",
+    )
+    group.add_argument(
+        "--max-loras", type=int, default=1, help="adapters in one batch (each takes a slot)"
+    )
+    group.add_argument(
+        "--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted"
+    )
+    group.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="adapters kept loaded in host memory beyond the batch's (default: --max-loras)",
     )
 
 

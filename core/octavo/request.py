@@ -10,6 +10,7 @@ from octavo.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from octavo.kv_cache.hashing import BlockHash
+    from octavo.lora.request import LoRARequest
 
 _DEFAULT_SAMPLING_PARAMS = SamplingParams()  # frozen, so one instance serves every request
 
@@ -45,6 +46,8 @@ class Request:
     ``append_output_token_ids`` (it keeps ``all_token_ids`` and ``block_hashes`` in step).
     ``spec_token_ids`` are the drafts proposed for its next step (speculative decoding): never
     part of its tokens, never hashed.
+    ``lora_request`` names the LoRA adapter it runs with (None: the base model); its id is
+    ``lora_id``, part of every block's hash.
     ``mm_positions[j]`` is the ``(offset, length)`` of the placeholder tokens of the multimodal
     input hashed ``mm_hashes[j]``; without positions every multimodal hash keys the first block.
     """
@@ -57,6 +60,7 @@ class Request:
         "priority",
         "cache_salt",
         "lora_id",
+        "lora_request",
         "mm_hashes",
         "mm_positions",
         "status",
@@ -80,6 +84,7 @@ class Request:
         priority: int = 0,
         cache_salt: Optional[str] = None,
         lora_id: Union[int, str, None] = None,
+        lora_request: Optional["LoRARequest"] = None,
         mm_hashes: Sequence[str] = (),
         mm_positions: Optional[Sequence[tuple[int, int]]] = None,
         block_hasher: Optional[BlockHasherFn] = None,
@@ -97,7 +102,9 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
-        self.lora_id = lora_id
+        self.lora_request = lora_request
+        # the adapter keys the prefix cache (SPEC C2): KV computed under it is its own
+        self.lora_id = lora_request.lora_int_id if lora_request is not None else lora_id
         self.mm_hashes = tuple(mm_hashes)
         self.mm_positions = None if mm_positions is None else tuple(mm_positions)
         self.status = RequestStatus.WAITING

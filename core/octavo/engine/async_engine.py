@@ -19,6 +19,7 @@ engine; a process split (as vLLM V1 does) is the next step if it shows the serve
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import queue
@@ -74,6 +75,8 @@ class AsyncEngine:
         self._submit_lock = threading.Lock()  # orders submissions against the loop's death
         self._error: Optional[BaseException] = None
         self._stopped = False
+        # requests in flight per LoRA adapter id (event loop only): an adapter in use stays
+        self.lora_in_flight: collections.Counter[int] = collections.Counter()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -133,6 +136,9 @@ class AsyncEngine:
                 raise EngineDeadError(self.dead_reason)
             self._commands.put(command)
         finished = False
+        lora = request.options.lora_request
+        if lora is not None:
+            self.lora_in_flight[lora.lora_int_id] += 1
         try:
             while not finished:
                 item = await stream.outputs.get()
@@ -142,6 +148,8 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
+            if lora is not None:
+                self.lora_in_flight[lora.lora_int_id] -= 1
             if not finished:
                 self.abort(request_id)
 

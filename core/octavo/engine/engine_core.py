@@ -50,6 +50,7 @@ def resolve_engine(
         speculative_config=args.speculative_config,
         enforce_eager=args.enforce_eager,
         compile_cache_dir=args.compile_cache_dir,
+        lora_config=args.lora_config,
     )
     return args, model_config, runner_config
 
@@ -160,6 +161,7 @@ class EngineCore:
             arrival_time=options.arrival_time,
             priority=options.priority,
             cache_salt=options.cache_salt,
+            lora_request=options.lora_request,
             block_hasher=self.kv_cache_manager.block_hasher,
         )
 

@@ -9,6 +9,8 @@ from typing import Iterable, Optional, Union
 from octavo.config import EngineArgs
 from octavo.engine.engine_core import EngineCore
 from octavo.inputs import InputProcessor, ProcessedRequest, PromptType, RequestOptions
+from octavo.lora.registry import LoRARegistry
+from octavo.lora.request import LoRARequest
 from octavo.model_executor.tokenizer import check_vocabulary, load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.outputs.processor import OutputProcessor
@@ -62,6 +64,7 @@ class LLMEngine:
                 "(--generation-config vllm ignores it)",
                 self.sampling_defaults,
             )
+        self.lora_registry = LoRARegistry(self.model_config, self.args.lora_config)
         self._ids = itertools.count()
 
     @classmethod
@@ -80,16 +83,19 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: Optional[str] = None,
         arrival_time: Optional[float] = None,
+        lora_request: Optional[LoRARequest] = None,
     ) -> None:
         """Validate and queue one user request (its ``n`` samples fork one prompt)."""
-        options = RequestOptions(priority, cache_salt, arrival_time)
+        options = RequestOptions(priority, cache_salt, arrival_time, lora_request)
         self.add_processed_request(
             self.input_processor.process(request_id, prompt, params, options)
         )
 
     def add_processed_request(self, request: ProcessedRequest) -> None:
-        """Queue a request the input processor has already tokenised and checked."""
+        """Queue a request the input processor has already tokenised and checked (and its
+        LoRA adapter, here, against the base model)."""
         token_ids, options = request.prompt.token_ids, request.options
+        self.lora_registry.check(options.lora_request)
         children = self.output_processor.add_request(
             request.request_id,
             token_ids,

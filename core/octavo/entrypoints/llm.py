@@ -12,6 +12,7 @@ from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
 from octavo.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_one
 from octavo.inputs import PromptType, RequestOptions, TokensPrompt
+from octavo.lora.request import LoRARequest
 from octavo.model_executor.tokenizer import hf_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -43,8 +44,11 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Optional[Sequence[int]] = None,
+        lora_request: Union[None, LoRARequest, Sequence[Optional[LoRARequest]]] = None,
     ) -> list[RequestOutput]:
-        """Complete every prompt (text, token ids, or dicts); outputs come back in prompt order."""
+        """Complete every prompt (text, token ids, or dicts); outputs come back in prompt order.
+        ``lora_request``: one adapter for every prompt, or one (or None) per prompt (needs
+        ``enable_lora=True``)."""
         prompts = self._as_list(prompts)
         params_list = self._params_list(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
@@ -52,12 +56,16 @@ class LLM:
                 f"priority has {len(priority)} entries for {len(prompts)} prompts; "
                 "give one per prompt"
             )
+        loras = self._lora_list(lora_request, len(prompts))
         # Every prompt is processed before any is queued: one bad prompt refuses the call and
         # leaves nothing of it behind in the engine.
         requests = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-            options = RequestOptions(priority=0 if priority is None else priority[i])
+            options = RequestOptions(
+                priority=0 if priority is None else priority[i], lora_request=loras[i]
+            )
+            self.engine.lora_registry.check(loras[i])
             request_id = self.engine.next_request_id()
             requests.append(
                 self.engine.input_processor.process(request_id, prompt, params, options)
@@ -136,6 +144,18 @@ class LLM:
         or the model's generation_config.json recommendations
         (``generation_config="auto"``, the default)."""
         return SamplingParams(**self.engine.sampling_defaults)
+
+    @staticmethod
+    def _lora_list(lora_request, num_prompts: int) -> list[Optional[LoRARequest]]:
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            return [lora_request] * num_prompts
+        loras = list(lora_request)
+        if len(loras) != num_prompts:
+            raise ValueError(
+                f"got {len(loras)} LoRA requests for {num_prompts} prompts; "
+                "give one, or one (or None) per prompt"
+            )
+        return loras
 
     def _params_list(self, sampling_params, num_prompts: int) -> list[SamplingParams]:
         if sampling_params is None:

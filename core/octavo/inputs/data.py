@@ -8,6 +8,7 @@ import numbers
 import sys
 from typing import Optional, Union
 
+from octavo.lora.request import LoRARequest
 from octavo.sampling_params import PRIORITY_MAX, PRIORITY_MIN, SamplingParams
 
 if sys.version_info >= (3, 11):
@@ -51,12 +52,14 @@ class RequestOptions:
 
     ``priority``: lower runs first under ``--scheduling-policy priority``; ``cache_salt``: only
     requests with the same salt share prefix-cache blocks; ``arrival_time``: ``time.time()``
-    when the request arrived (None: when it is processed).
+    when the request arrived (None: when it is processed); ``lora_request``: the LoRA adapter
+    it runs with (None: the base model).
     """
 
     priority: int = 0
     cache_salt: Optional[str] = None
     arrival_time: Optional[float] = None
+    lora_request: Optional[LoRARequest] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.priority, bool) or not isinstance(self.priority, numbers.Integral):

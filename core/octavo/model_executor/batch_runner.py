@@ -11,7 +11,7 @@ tpu platform's JAX runner) build on this and differ in how they run the model an
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ from octavo.sched.output import NewRequestData, SchedulerOutput
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.verifier import positions_per_row
 from octavo.structured_output.bitmask import GrammarBitmask
+
+if TYPE_CHECKING:
+    from octavo.lora.config import LoRAConfig
+    from octavo.lora.slots import LoRASlots
 
 
 class LogitsProcessor(Protocol):
@@ -57,6 +61,7 @@ class RunnerConfig:
     speculative_config: Optional[SpeculativeConfig] = None
     enforce_eager: bool = True  # False: the platform's graph_runner compiles the forward
     compile_cache_dir: Optional[str] = None
+    lora_config: Optional[LoRAConfig] = None  # --enable-lora: adapters' slots in the batch
 
 
 class BatchRunner:
@@ -66,6 +71,7 @@ class BatchRunner:
     torch's keeps it ``cpu`` and reads the host arrays (``StepBuffer.np``) itself."""
 
     speculation = None  # a runner that speculates sets its Speculation
+    lora: Optional[LoRASlots] = None  # a runner serving LoRA adapters sets its slots
     recompute_last_cached_block = False
 
     def __init__(
@@ -191,6 +197,8 @@ class BatchRunner:
         if failed:
             raise RequestError(failed)  # nothing changed: kept generators stay kept
         for state in states:
+            if self.lora is not None and state.lora_request is not None:
+                self.lora.note(state.lora_request)
             if state.req_id in self._kept_generators:
                 state.generator = self._kept_generators.pop(state.req_id)
         return states
@@ -208,6 +216,8 @@ class BatchRunner:
             if so.scheduled_spec_token_ids
             else None
         )
+        if self.lora is not None:  # the step's adapters in slots, its token -> slot mapping
+            self.lora.prepare_step(batch.lora_ids[:num_reqs], num_scheduled, req_ids)
         cu_num_tokens = np.cumsum(num_scheduled)
         total = int(cu_num_tokens[-1])
         assert total == so.total_num_scheduled_tokens, (

@@ -13,6 +13,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from octavo.lora.request import LoRARequest
 from octavo.model_executor.step_inputs import ragged_index
 from octavo.platform.types import SamplingMetadata
 from octavo.sampling_params import SamplingParams, needs_processing
@@ -30,6 +31,7 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     generator: Optional[torch.Generator]
+    lora_request: Optional[LoRARequest] = None
 
     @classmethod
     def from_new(cls, new: NewRequestData, device: torch.device) -> "CachedRequestState":
@@ -44,6 +46,7 @@ class CachedRequestState:
             list(new.block_ids),
             new.num_computed_tokens,
             generator,
+            new.lora_request,
         )
 
     @property
@@ -87,6 +90,7 @@ class InputBatch:
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)
         self.adjusts_logits = np.zeros(max_num_reqs, dtype=bool)  # penalties, bias, min_tokens
         self.constrained = np.zeros(max_num_reqs, dtype=bool)  # structured output
+        self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)  # 0: the base model
         self.generators: dict[int, torch.Generator] = {}
         # Bumped whenever a row's sampling parameters may change (a request added, removed or
         # moved): the last sampling_metadata is reused while it and the rows asked for stand.
@@ -104,6 +108,7 @@ class InputBatch:
             self.num_logprobs,
             self.adjusts_logits,
             self.constrained,
+            self.lora_ids,
         )
         # staging buffers for one step's sampling rows
         self._sampling_cpu = {
@@ -154,6 +159,8 @@ class InputBatch:
         self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
         self.adjusts_logits[row] = needs_processing(params)
         self.constrained[row] = params.structured_outputs is not None
+        lora = state.lora_request
+        self.lora_ids[row] = 0 if lora is None else lora.lora_int_id
         if state.generator is not None:
             self.generators[row] = state.generator
         return row

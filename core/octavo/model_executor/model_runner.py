@@ -17,6 +17,7 @@ import torch
 from octavo.errors import RequestError
 from octavo.kv_cache.sizing import KVCacheSizing
 from octavo.kv_cache.transfers import TransferKind, apply_block_transfers
+from octavo.lora.slots import lora_slots_for
 from octavo.model_executor.batch_runner import BatchRunner, RunnerConfig
 from octavo.model_executor.kv_plan import plan_runner_kv_cache
 from octavo.model_executor.loader import load_model
@@ -72,8 +73,12 @@ class ModelRunner(BatchRunner):
     def build_model(self, model_config: ModelConfig):
         """``(model, forward)``: :meth:`load_model` with the platform's forward for it, compiled
         when ``--no-enforce-eager`` asks and the platform can (else it says so)."""
-        # A compiled forward traces the modules; the platform's decoder stack is opaque to it.
-        model = self.load_model(model_config, stack_layers=self.config.enforce_eager)
+        # A compiled forward traces the modules; the platform's decoder stack is opaque to it,
+        # and it runs none of the LoRA layers' deltas.
+        lora = self.config.lora_config is not None
+        model = self.load_model(model_config, stack_layers=self.config.enforce_eager and not lora)
+        if lora:
+            self.lora = lora_slots_for(self, model)
         forward = self.platform.graph_runner(model, self.config)
         if not self.config.enforce_eager and not getattr(forward, "compiled", False):
             logger.warning(
@@ -122,11 +127,12 @@ class ModelRunner(BatchRunner):
         )
 
     def parameter_bytes(self) -> int:
-        """Bytes of the weights, a draft model's included."""
+        """Bytes of the weights, a draft model's and the LoRA slots' included."""
         models = [self.model]
         if self.speculation is not None and hasattr(self.speculation.proposer, "model"):
             models.append(self.speculation.proposer.model)
-        return sum(p.numel() * p.element_size() for m in models for p in m.parameters())
+        lora = 0 if self.lora is None else self.lora.num_bytes()  # the adapters' slots
+        return lora + sum(p.numel() * p.element_size() for m in models for p in m.parameters())
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate each layer's paged cache (``num_blocks`` blocks) and bind it to the layer;

@@ -70,6 +70,7 @@ class BatchDeltaBuilder:
                         kv.get_block_ids(request_id),
                         request.num_computed_tokens,
                         list(request.output_token_ids),
+                        request.lora_request,
                     )
                 )
                 continue

@@ -23,6 +23,7 @@ import dataclasses
 from typing import Optional
 
 from octavo.kv_cache.transfers import BlockTransfer
+from octavo.lora.request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
 
@@ -37,6 +38,8 @@ class NewRequestData:
     num_computed_tokens: int
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     """Tokens already generated elsewhere (e.g. by a prefill instance); usually empty."""
+    lora_request: Optional[LoRARequest] = None
+    """The LoRA adapter it runs with (None: the base model)."""
 
 
 @dataclasses.dataclass(slots=True)

@@ -209,12 +209,16 @@ class Scheduler:
         self.deltas.preempted(request.request_id)
 
     def _schedule_swapped(self, plan: _StepPlan) -> None:
+        loras = _LoRAAdmission(self.config.max_loras, self.running)
         while (
             self.swapped and len(self.running) < self.config.max_num_seqs and plan.token_budget > 0
         ):
             request = self.swapped[0]
+            if not loras.admits(request):  # resumes once a running adapter's requests end
+                return
             if self.kv_cache_manager.swap_in(request) is None:
                 return
+            loras.admitted(request)
             self.swapped.pop(0)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -229,25 +233,31 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         kv = self.kv_cache_manager
+        loras = _LoRAAdmission(self.config.max_loras, self.running)
         while (
             len(self.waiting)
             and plan.token_budget > 0
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
+            if not loras.admits(request):  # its adapter would not fit: the others go first
+                loras.set_aside(self.waiting.pop())
+                continue
             computed_blocks, num_cached = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_cached
             if not self.config.enable_chunked_prefill and num_new > plan.token_budget:
-                return
+                break
             num_new = self.forks.cap(request, min(num_new, plan.token_budget), num_cached)
             lookahead = self._lookahead(num_cached, num_new)
             if kv.allocate_slots(request, num_new, computed_blocks, num_cached, lookahead) is None:
-                return
+                break
             self.waiting.pop()
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            loras.admitted(request)
             self._admit(request, num_new, plan)
+        loras.put_back(self.waiting)
 
     def _admit(self, request: Request, num_new: int, plan: _StepPlan) -> None:
         plan.num_scheduled_tokens[request.request_id] = num_new
@@ -310,3 +320,37 @@ class Scheduler:
                 request.spec_token_ids = drafts
         self.forks.fork_ready(room=self.config.max_num_seqs - len(self.running))
         self._settle_forks()
+
+
+class _LoRAAdmission:
+    """Keeps the running requests within ``max_loras`` distinct LoRA adapters (0: LoRA is off,
+    everything is admitted): a request of a new adapter waits while the slots are taken, set
+    aside so that the requests behind it (the base model's, or a running adapter's) go on."""
+
+    __slots__ = ("max_loras", "active", "aside")
+
+    def __init__(self, max_loras: int, running: list[Request]):
+        self.max_loras = max_loras
+        self.active = {r.lora_id for r in running if r.lora_id} if max_loras else set()
+        self.aside: list[Request] = []
+
+    def admits(self, request: Request) -> bool:
+        lora_id = request.lora_id
+        return (
+            not self.max_loras
+            or not lora_id
+            or lora_id in self.active
+            or len(self.active) < self.max_loras
+        )
+
+    def admitted(self, request: Request) -> None:
+        if self.max_loras and request.lora_id:
+            self.active.add(request.lora_id)
+
+    def set_aside(self, request: Request) -> None:
+        self.aside.append(request)
+
+    def put_back(self, waiting) -> None:
+        """The set-aside requests back at the head of ``waiting``, in their order."""
+        for request in reversed(self.aside):
+            waiting.prepend(request)

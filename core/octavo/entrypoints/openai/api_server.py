@@ -31,14 +31,21 @@ from octavo.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
     dump,
 )
 from octavo.entrypoints.openai.serving_chat import create_chat_completion
 from octavo.entrypoints.openai.serving_common import ServerConfig, ServingContext
 from octavo.entrypoints.openai.serving_completion import create_completion
+from octavo.entrypoints.openai.serving_lora import (
+    adapter_cards,
+    load_lora_adapter,
+    unload_lora_adapter,
+)
 from octavo.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from octavo.inputs import TokensPrompt
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -151,19 +158,37 @@ def _add_api_routes(app: FastAPI, ctx: ServingContext) -> None:
     app.post("/v1/completions", **completions_docs)(counted(create_completion))
     app.post("/v1/chat/completions", **chat_docs)(counted(create_chat_completion))
     publish_schemas(
-        app, (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+        app,
+        (
+            CompletionRequest,
+            ChatCompletionRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+            LoadLoRAAdapterRequest,
+            UnloadLoRAAdapterRequest,
+        ),
     )
 
     @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401)})
     async def models() -> Response:
-        return JSONResponse(dump(ModelList(data=[_model_card(ctx)])))
+        return JSONResponse(dump(ModelList(data=[_model_card(ctx), *adapter_cards(ctx)])))
 
     model_docs = {200: {"model": ModelCard}, **error_responses(401, 404)}
 
     @app.get("/v1/models/{model_id:path}", responses=model_docs)
     async def model(model_id: str) -> Response:
-        ctx.check_model(model_id)
+        if ctx.check_model(model_id) is not None:
+            (card,) = [c for c in adapter_cards(ctx) if c.id == model_id]
+            return JSONResponse(dump(card))
         return JSONResponse(dump(_model_card(ctx)))
+
+    lora_docs = dict(errors=(400, 401, 404))
+    app.post("/v1/load_lora_adapter", **json_route(LoadLoRAAdapterRequest, None, **lora_docs))(
+        counted(load_lora_adapter)
+    )
+    app.post("/v1/unload_lora_adapter", **json_route(UnloadLoRAAdapterRequest, None, **lora_docs))(
+        counted(unload_lora_adapter)
+    )
 
     @app.post("/tokenize", **json_route(TokenizeRequest, TokenizeResponse))
     async def tokenize_route(raw_request: Request) -> Response:

@@ -76,14 +76,20 @@ def error_responses(*statuses: int) -> dict[int, dict[str, Any]]:
 
 def json_route(
     request_model: type[BaseModel],
-    response_model: type[BaseModel],
+    response_model: Optional[type[BaseModel]],
     *,
     streams: bool = False,
     errors: Iterable[int] = (400, 401, 404),
 ) -> dict[str, Any]:
     """``app.post`` keyword arguments for a route that parses ``request_model`` from its raw body
-    and answers ``response_model`` (or, with ``streams``, server-sent events when asked to)."""
+    and answers ``response_model`` (None: a line of text; with ``streams``, server-sent events
+    when asked to)."""
     success: dict[str, Any] = {"model": response_model, "description": "The result."}
+    if response_model is None:
+        success = {
+            "description": "What was done.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
     if streams:
         success["description"] = "The result, or with `stream: true` server-sent events."
         success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}

@@ -157,6 +157,7 @@ class ModelCard(ResponseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "octavo"
     root: Optional[str] = None
+    parent: Optional[str] = None  # a LoRA adapter's base model
     max_model_len: Optional[int] = None
 
 
@@ -210,3 +211,18 @@ class DetokenizeRequest(RequestModel):
 
     model: Optional[str] = None
     tokens: list[TokenId]
+
+
+class LoadLoRAAdapterRequest(RequestModel):
+    """The body of POST /v1/load_lora_adapter (vLLM's)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(RequestModel):
+    """The body of POST /v1/unload_lora_adapter (vLLM's; ``lora_int_id`` is accepted and
+    must match the adapter's when given)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: Optional[int] = None

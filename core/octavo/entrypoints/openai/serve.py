@@ -100,8 +100,55 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help='let tool_choice "auto" (the default with tools) through: free text, and calls '
         "where the model opens one (needs --tool-call-parser; on for the demo model)",
     )
+    server.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=lora_module,
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT folders) to serve from the start, each as NAME=PATH or as "
+        'JSON \'{"name": ..., "path": ..., "base_model_name": ...}\'; a request\'s "model" '
+        "names one (needs --enable-lora)",
+    )
     EngineArgs.add_cli_args(parser)
     return parser
+
+
+def lora_module(text: str) -> dict:
+    """One ``--lora-modules`` value: ``NAME=PATH`` or vLLM's JSON object."""
+    if text.lstrip().startswith("{"):
+        from octavo.config import json_object
+
+        module = json_object(text)
+        unknown = set(module) - {"name", "path", "base_model_name"}
+        if (
+            unknown
+            or not isinstance(module.get("name"), str)
+            or not isinstance(module.get("path"), str)
+        ):
+            raise argparse.ArgumentTypeError(
+                f"--lora-modules JSON needs string 'name' and 'path' (and optionally "
+                f"'base_model_name'); got {text!r}"
+            )
+        return module
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--lora-modules takes NAME=PATH; got {text!r}")
+    return {"name": name, "path": path}
+
+
+def register_lora_modules(engine, modules: Optional[list[dict]], served_model_name: str) -> None:
+    """Serve ``--lora-modules``' adapters (each checked against the base model now)."""
+    if not modules:
+        return
+    if not engine.lora_registry.enabled:
+        raise ConfigError("--lora-modules needs --enable-lora")
+    for module in modules:
+        if module["name"] == served_model_name:
+            raise ConfigError(
+                f"--lora-modules: {module['name']!r} is the base model's name; name it otherwise"
+            )
+        engine.lora_registry.add(module["name"], module["path"], module.get("base_model_name"))
 
 
 def _chat_template(value: Optional[str]) -> Optional[str]:
@@ -147,6 +194,7 @@ def run_serve(args: argparse.Namespace) -> int:
             from octavo.engine.llm_engine import LLMEngine
             from octavo.entrypoints.openai.api_server import build_app
             from octavo.entrypoints.openai.serving_common import ServerConfig
+            from octavo.entrypoints.openai.serving_lora import runtime_updating_allowed
             from octavo.metrics import EngineMetrics
 
             config = ServerConfig(
@@ -159,9 +207,12 @@ def run_serve(args: argparse.Namespace) -> int:
                 ready_timeout=args.ready_timeout,
                 tool_call_parser=tool_call_parser,
                 enable_auto_tool_choice=auto_tool_choice,
+                allow_runtime_lora_updating=runtime_updating_allowed(os.environ),
             )
             metrics = EngineMetrics(naming=args.metrics_naming, model_name=config.served_model_name)
-            app = build_app(AsyncEngine(LLMEngine(engine_args), metrics), config)
+            engine = LLMEngine(engine_args)
+            register_lora_modules(engine, args.lora_modules, config.served_model_name)
+            app = build_app(AsyncEngine(engine, metrics), config)
     except BaseException:
         listening.close()
         raise

@@ -111,7 +111,7 @@ async def _constrain(
 async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> Response:
     """Handle one /v1/chat/completions request."""
     body = ctx.parse(ChatCompletionRequest, await raw_request.body())
-    ctx.check_model(body.model)
+    lora_request = ctx.check_model(body.model)
     try:
         conversation = body.conversation()
         num_logprobs = body.num_logprobs()
@@ -133,7 +133,7 @@ async def create_chat_completion(ctx: ServingContext, raw_request: Request) -> R
     )
     param_error = functools.partial(_param_error, body=body)
     prompt = ctx.process_prompt(TokensPrompt(prompt_token_ids=token_ids), "messages")
-    options = ctx.options(body, param_error)
+    options = ctx.options(body, param_error, lora_request)
     request_id = new_request_id("chatcmpl")
     request = ctx.process(f"{request_id}-0", prompt, params, options, param_error)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -185,7 +185,7 @@ def _response(
         total_tokens=num_prompt_tokens + num_completion_tokens,
     )
     return ChatCompletionResponse(
-        id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage
+        id=request_id, model=ctx.response_model(body.model), choices=choices, usage=usage
     )
 
 
@@ -203,7 +203,7 @@ async def _stream(
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
-        "model": ctx.config.served_model_name,
+        "model": ctx.response_model(body.model),
     }
 
     def chunk(index: int, delta: dict, finish_reason=None, stop_reason=None, logprobs=None) -> str:

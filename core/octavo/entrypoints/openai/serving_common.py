@@ -31,6 +31,7 @@ from octavo.inputs import (
     PromptType,
     RequestOptions,
 )
+from octavo.lora.request import LoRARequest
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -54,6 +55,7 @@ class ServerConfig:
     retry_after_s: int = 1
     tool_call_parser: Optional[str] = None  # a name from the octavo_tool_parsers hook
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
+    allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter, /v1/unload_lora_adapter
 
 
 class ClientGone(Exception):
@@ -83,6 +85,7 @@ class ServingContext:
         self.input_processor = engine.engine.input_processor
         self.max_model_len = engine.engine.model_config.max_model_len
         self.sampling_defaults = engine.engine.sampling_defaults
+        self.lora_registry = engine.engine.lora_registry
         self.capacity = (
             None
             if config.max_queue_len is None
@@ -101,16 +104,28 @@ class ServingContext:
         except ValidationError as exc:
             raise from_validation_errors(exc.errors()) from None
 
-    def check_model(self, name: Optional[str]) -> None:
-        """404 for a model name this server does not serve."""
-        if name is not None and name != self.config.served_model_name:
-            raise OpenAIError(
-                f"the model {name!r} does not exist; "
-                f"this server serves {self.config.served_model_name!r}",
-                404,
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, name: Optional[str]) -> Optional[LoRARequest]:
+        """The LoRA adapter ``name`` names (None: the base model), or a 404 for a model this
+        server does not serve."""
+        if name is None or name == self.config.served_model_name:
+            return None
+        lora = self.lora_registry.get(name)
+        if lora is not None:
+            return lora
+        adapters = sorted(self.lora_registry.adapters)
+        served = repr(self.config.served_model_name) + (
+            f" and the LoRA adapters {', '.join(map(repr, adapters))}" if adapters else ""
+        )
+        raise OpenAIError(
+            f"the model {name!r} does not exist; this server serves {served}",
+            404,
+            param="model",
+            code="model_not_found",
+        )
+
+    def response_model(self, name: Optional[str]) -> str:
+        """The ``model`` a response names: the adapter asked for, else the base model."""
+        return name if name is not None else self.config.served_model_name
 
     def process_prompt(self, prompt: PromptType, field: str) -> ProcessedPrompt:
         """``prompt`` tokenised and checked by the engine's input processor (the one place a
@@ -121,10 +136,17 @@ class ServingContext:
             raise bad_request(str(exc), param=field, code=exc.code) from None
 
     @staticmethod
-    def options(body: Any, param_error: Callable[[ValueError], OpenAIError]) -> RequestOptions:
-        """The body's per-request options, or a 400 from ``param_error``."""
+    def options(
+        body: Any,
+        param_error: Callable[[ValueError], OpenAIError],
+        lora_request: Optional[LoRARequest] = None,
+    ) -> RequestOptions:
+        """The body's per-request options (with the adapter its ``model`` named), or a 400
+        from ``param_error``."""
         try:
-            return RequestOptions(priority=body.priority, cache_salt=body.cache_salt)
+            return RequestOptions(
+                priority=body.priority, cache_salt=body.cache_salt, lora_request=lora_request
+            )
         except ValueError as exc:
             raise param_error(exc) from None
 

@@ -69,7 +69,7 @@ def _check_unsupported(body: CompletionRequest) -> None:
 async def create_completion(ctx: ServingContext, raw_request: Request) -> Response:
     """Handle one /v1/completions request."""
     body = ctx.parse(CompletionRequest, await raw_request.body())
-    ctx.check_model(body.model)
+    lora_request = ctx.check_model(body.model)
     _check_unsupported(body)
     prompts = [ctx.process_prompt(prompt, "prompt") for prompt in _prompts(body.prompt)]
     try:
@@ -77,7 +77,7 @@ async def create_completion(ctx: ServingContext, raw_request: Request) -> Respon
     except ValueError as exc:
         raise _param_error(exc) from None
     params = await constrain(ctx.engine.engine, params, *constraint_of(body))
-    options = ctx.options(body, _param_error)
+    options = ctx.options(body, _param_error, lora_request)
     request_id = new_request_id("cmpl")
     requests = [
         ctx.process(f"{request_id}-{i}", prompt, params, options, _param_error)
@@ -131,7 +131,7 @@ def _response(
         total_tokens=num_prompt_tokens + num_completion_tokens,
     )
     return CompletionResponse(
-        id=request_id, model=ctx.config.served_model_name, choices=choices, usage=usage
+        id=request_id, model=ctx.response_model(body.model), choices=choices, usage=usage
     )
 
 
@@ -148,7 +148,7 @@ async def _stream(
         "id": request_id,
         "object": "text_completion",
         "created": int(time.time()),
-        "model": ctx.config.served_model_name,
+        "model": ctx.response_model(body.model),
     }
     offsets: dict[int, int] = {}  # choice index -> text length sent so far
     num_completion_tokens = 0
