@@ -63,7 +63,7 @@ def test_lora_shrink(octavo_platform, octavo_device, dtype, case):
     tolerances.require_dtype(octavo_platform, dtype)
     x, a_stacked, _, slots, mapping_host, mapping = make(case, dtype, octavo_device)
     expected = reference.lora_shrink(x, a_stacked, mapping_host)
-    x_dev, a_dev = x.to(octavo_device), a_stacked.to(octavo_device)
+    x_dev, a_dev = x.clone().to(octavo_device), a_stacked.clone().to(octavo_device)
     out = octavo_platform.lora_kernels(dtype).shrink(x_dev, a_dev, mapping)
     assert out.dtype == torch.float32 and out.shape == (x.shape[0], a_stacked.shape[1])
     tolerances.assert_close(out, expected, tolerances.LORA_SHRINK[dtype], f"shrink {case}")
@@ -86,8 +86,8 @@ def test_lora_expand(octavo_platform, octavo_device, dtype, case):
     y = torch.randn(num_tokens, offset + n + 3, generator=generator).to(dtype)
     expected = y.clone()
     reference.lora_expand(expected, buffer, b_stacked, mapping_host, offset)
-    y_dev = y.to(octavo_device)
-    wide_dev, b_dev = wide.to(octavo_device), b_stacked.to(octavo_device)
+    y_dev = y.clone().to(octavo_device)  # a copy even where the device is the host
+    wide_dev, b_dev = wide.clone().to(octavo_device), b_stacked.clone().to(octavo_device)
     octavo_platform.lora_kernels(dtype).expand(
         y_dev, wide_dev[:, rank : 2 * rank], b_dev, mapping, offset
     )
