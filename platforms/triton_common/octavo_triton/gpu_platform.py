@@ -193,6 +193,13 @@ class TritonGpuPlugin:
             return make_scaled_mm(self.gpu.tuning.matmul, widen=widen)
 
     @hookimpl
+    def octavo_lora_kernels(self, platform, dtype):
+        if self.mine(platform) and dtype in DTYPES:
+            from octavo_triton.lora import make_lora_kernels
+
+            return make_lora_kernels(dtype)
+
+    @hookimpl
     def octavo_rejection_sampler(self, platform):
         if self.mine(platform):
             from octavo_triton.rejection_sampler import make_rejection_sampler
