@@ -63,9 +63,11 @@ def server_command(engine: str, fmt: str, port: int, slots: int, context: int) -
     return command + (["--quantization", "int8", "--dtype", "float32"] if fmt == "int8" else [])
 
 
-def start(engine: str, fmt: str, slots: int, context: int, log) -> tuple:
+def start(engine: str, fmt: str, slots: int, context: int, log, extra=()) -> tuple:
+    """``(process, port)`` of the engine's server once /health answers (``extra``: more
+    flags)."""
     port = free_port()
-    command = server_command(engine, fmt, port, slots, context) + ["--port", str(port)]
+    command = server_command(engine, fmt, port, slots, context) + ["--port", str(port), *extra]
     if engine == "llamacpp":
         command += ["-np", str(slots), "-c", str(slots * context), "-ctk", "f32", "-ctv", "f32"]
         command += ["-fa", "off"]

@@ -49,6 +49,12 @@ def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         "--model", default=None, help="model name to request (default: the first of /v1/models)"
     )
     parser.add_argument(
+        "--lora-modules",
+        default=None,
+        help="comma-separated LoRA adapter names the server serves: request i asks for the "
+        "(i mod N)-th, so the adapters are mixed in every batch (vLLM's benchmark picks at random)",
+    )
+    parser.add_argument(
         "--tokenizer", default=None, help="tokenizer folder for sharegpt and the vocabulary size"
     )
     parser.add_argument(
@@ -166,9 +172,15 @@ async def _sample_peak_rss(pid: int, peak: list[int], stop: asyncio.Event) -> No
 
 
 async def run_level(
-    client, model: str, requests: Sequence[BenchRequest], concurrency: int, args, progress
+    client,
+    models: Sequence[str],
+    requests: Sequence[BenchRequest],
+    concurrency: int,
+    args,
+    progress,
 ) -> dict[str, Any]:
-    """Send ``requests`` with at most ``concurrency`` in flight; the figures of this level."""
+    """Send ``requests`` with at most ``concurrency`` in flight, request ``i`` to
+    ``models[i % len(models)]``; the figures of this level."""
     slots = asyncio.Semaphore(concurrency)
     rng = np.random.default_rng(args.seed)
     peak, stop = [0], asyncio.Event()
@@ -178,7 +190,7 @@ async def run_level(
         else None
     )
 
-    async def one(request: BenchRequest) -> RequestResult:
+    async def one(request: BenchRequest, model: str) -> RequestResult:
         try:
             return await send_request(client, model, request)
         finally:
@@ -187,14 +199,14 @@ async def run_level(
 
     start, cpu_start = time.perf_counter(), time.process_time()
     tasks = []
-    for request in requests:
+    for i, request in enumerate(requests):
         if math.isfinite(args.request_rate) and tasks:
             await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
         await slots.acquire()
         if args.duration is not None and time.perf_counter() - start >= args.duration:
             slots.release()
             break
-        tasks.append(asyncio.create_task(one(request)))
+        tasks.append(asyncio.create_task(one(request, models[i % len(models)])))
     results = await asyncio.gather(*tasks)
     elapsed, client_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     stop.set()
@@ -311,8 +323,9 @@ async def run_sweep(
         timeout=args.request_timeout,
     ) as client:
         model = args.model or await _model_name(client)
-        for request in requests[: args.num_warmups]:
-            warm = await send_request(client, model, request)
+        models = args.lora_modules.split(",") if getattr(args, "lora_modules", None) else [model]
+        for i, request in enumerate(requests[: args.num_warmups]):
+            warm = await send_request(client, models[i % len(models)], request)
             if warm.error:
                 raise ValueError(f"the warm-up request to {args.base_url} failed: {warm.error}")
         runs = []
@@ -321,7 +334,7 @@ async def run_sweep(
             with tqdm(
                 total=len(requests), desc=f"concurrency {concurrency}", disable=args.disable_tqdm
             ) as progress:
-                runs.append(await run_level(client, model, requests, concurrency, args, progress))
+                runs.append(await run_level(client, models, requests, concurrency, args, progress))
             after = await spec_decode_counters(client)
             if before is not None and after is not None:
                 runs[-1].update(spec_decode_figures(before, after))

@@ -100,6 +100,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help='let tool_choice "auto" (the default with tools) through: free text, and calls '
         "where the model opens one (needs --tool-call-parser; on for the demo model)",
     )
+    add_lora_modules_arg(server)
+    EngineArgs.add_cli_args(parser)
+    return parser
+
+
+def add_lora_modules_arg(server) -> None:
+    """``--lora-modules``: the adapters served from the start (``--enable-lora`` and the slots'
+    sizes are engine flags, ``octavo.config.add_lora_args``)."""
     server.add_argument(
         "--lora-modules",
         nargs="+",
@@ -110,8 +118,6 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         'JSON \'{"name": ..., "path": ..., "base_model_name": ...}\'; a request\'s "model" '
         "names one (needs --enable-lora)",
     )
-    EngineArgs.add_cli_args(parser)
-    return parser
 
 
 def lora_module(text: str) -> dict:
