@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from octavo.errors import ConfigError
-from octavo.models.layers.linear import QuantMethod
+from octavo.models.layers.linear import ColumnParallelLinear, QuantMethod
 from octavo.platform.types import LoRAKernels, LoRAMapping
 
 
@@ -102,11 +102,14 @@ def _module(layer: nn.Module, path: str) -> Optional[nn.Module]:
     return layer
 
 
-def _layer_parts(linear: nn.Module, modules: tuple[str, ...], shapes, num_slots, rank):
-    """The parts of one linear layer, their slot weights zeroed on the layer's device."""
-    offsets = getattr(linear, "shard_offsets", (0,))
-    sizes = getattr(linear, "shard_sizes", (linear.weight.shape[0],))
-    device, dtype = linear.weight.device, linear.weight.dtype
+def _layer_parts(linear: nn.Module, modules: tuple[str, ...], shapes, num_slots, rank, dtype):
+    """The parts of one linear layer, their slot weights (in the activations' ``dtype``: a
+    quantised layer's weight is raw rows) zeroed on the layer's device."""
+    if isinstance(linear, ColumnParallelLinear):
+        offsets, sizes = linear.shard_offsets, linear.shard_sizes
+    else:  # row-parallel: one part, all its outputs
+        offsets, sizes = (0,), (linear.output_size,)
+    device = linear.weight.device
     parts = []
     for module, offset, size in zip(modules, offsets, sizes):
         size_in, size_out = shapes[module]
@@ -118,18 +121,23 @@ def _layer_parts(linear: nn.Module, modules: tuple[str, ...], shapes, num_slots,
 
 
 def attach_lora(
-    model: nn.Module, shapes, num_slots: int, rank: int, kernels: LoRAKernels
+    model: nn.Module,
+    shapes,
+    num_slots: int,
+    rank: int,
+    kernels: LoRAKernels,
+    dtype: torch.dtype,
 ) -> tuple[LoRAStep, list[dict[str, LoRAPart]]]:
     """Wrap every adaptable projection of ``model`` (``shapes``: module -> (in, out)) with
-    :class:`LoRAMatmul` over ``num_slots`` slots of ``rank``; returns the shared step and,
-    per decoder layer, its parts by checkpoint module name."""
+    :class:`LoRAMatmul` over ``num_slots`` slots of ``rank`` in ``dtype`` (the model's);
+    returns the shared step and, per decoder layer, its parts by checkpoint module name."""
     step = LoRAStep()
     per_layer: list[dict[str, LoRAPart]] = []
     for layer in decoder_layers(model):
         parts_by_module: dict[str, LoRAPart] = {}
         for path, modules in LLAMA_PROJECTIONS:
             linear = _module(layer, path)
-            parts = _layer_parts(linear, modules, shapes, num_slots, rank)
+            parts = _layer_parts(linear, modules, shapes, num_slots, rank, dtype)
             linear.quant_method = LoRAMatmul(linear.quant_method, parts, step, kernels)
             parts_by_module.update((part.module, part) for part in parts)
         per_layer.append(parts_by_module)

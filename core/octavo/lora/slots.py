@@ -40,7 +40,12 @@ class LoRASlots:
     ):
         self.model_config, self.config, self.device = model_config, config, device
         self.step, self.parts = attach_lora(
-            model, module_shapes(model_config), config.max_loras, config.max_lora_rank, kernels
+            model,
+            module_shapes(model_config),
+            config.max_loras,
+            config.max_lora_rank,
+            kernels,
+            model_config.dtype,
         )
         self.requests: dict[int, LoRARequest] = {}  # every adapter a request has named
         self.loaded: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()
