@@ -36,6 +36,7 @@ SOURCES = [
     "csrc/decoder_stack.cpp",
     "csrc/draft_head.cpp",
     "csrc/quantized_gemm.cpp",
+    "csrc/lora.cpp",
 ]
 
 

@@ -1,6 +1,7 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
-``token_bitmask`` and ``rejection_sampler``, and FP8 ``scaled_mm`` (the reference's), Llama
+``token_bitmask`` and ``rejection_sampler``, the batched multi-LoRA products (``lora_kernels``),
+and FP8 ``scaled_mm`` (the reference's), Llama
 decoder layers in one compiled call (``decoder_stack``), an EAGLE-family head's forward in two
 (``draft_head``), the forward that runs each step on the
 threads its size pays for (``graph_runner``), and the collectives of tensor parallelism
@@ -24,6 +25,7 @@ from octavo_cpu.decoder_stack import make_decoder_stack
 from octavo_cpu.draft_head import describe_draft_weights, make_draft_head
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
+from octavo_cpu.lora import make_lora_kernels
 from octavo_cpu.quantized_gemm import quantized_packer
 from octavo_cpu.rejection_sampler import make_greedy_verify, rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
@@ -156,6 +158,12 @@ def octavo_quantized_linear_packer(platform, quant_type):
 def octavo_rms_norm(platform, hidden_size, eps, dtype):
     if _mine(platform):
         return make_rms_norm(hidden_size, eps, dtype, load_kernels().ops)
+
+
+@hookimpl
+def octavo_lora_kernels(platform, dtype):
+    if _mine(platform):
+        return make_lora_kernels(dtype, load_kernels().ops)  # None: the reference serves
 
 
 @hookimpl
