@@ -54,7 +54,11 @@ class LoRASlots:
 
     def num_bytes(self) -> int:
         """Bytes of the slots' stacked weights (counted before the KV cache is sized)."""
-        return sum(p.a.nbytes + p.b.nbytes for layer in self.parts for p in layer.values())
+        return sum(
+            p.a.numel() * p.a.element_size() + p.b.nbytes
+            for layer in self.parts
+            for p in layer.values()
+        )
 
     def note(self, lora_request: LoRARequest) -> None:
         """Remember where a request's adapter is, for when it needs a slot."""
