@@ -211,6 +211,11 @@ class EngineArgs:
         spec = self.speculative_config
         if self.enable_lora:
             self._check_lora()
+        elif (self.max_loras, self.max_lora_rank, self.max_cpu_loras) != (1, 16, None):
+            raise ConfigError(
+                "--max-loras, --max-lora-rank and --max-cpu-loras size the LoRA slots: "
+                "add --enable-lora, or drop them"
+            )
         if self.tensor_parallel_size > 1 and spec is not None and spec.method != "ngram":
             raise ConfigError(
                 f"speculative decoding by {spec.method!r} does not run with tensor parallelism "

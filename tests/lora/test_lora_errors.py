@@ -94,6 +94,8 @@ def test_bad_flags_and_requests(base_model):
     for message, args in cases.items():
         with pytest.raises(ConfigError, match=message):
             EngineArgs(model=str(base_model), enable_lora=True, **args)
+    with pytest.raises(ConfigError, match="add --enable-lora"):
+        EngineArgs(model=str(base_model), max_loras=4)
 
 
 def test_refusals_do_not_disturb_requests_in_flight(llm, adapters, tmp_path):

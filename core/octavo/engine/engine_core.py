@@ -114,6 +114,11 @@ class EngineCore:
         parallel = self.args.parallel_config
         own_runner = self.platform.model_runner(runner_config)
         if own_runner is not None:
+            if runner_config.lora_config is not None:
+                raise ConfigError(
+                    f"platform {self.platform.name!r} runs the model with its own runner, "
+                    "which serves no LoRA adapters yet: drop --enable-lora"
+                )
             if parallel.tensor_parallel_size > 1:
                 raise ConfigError(
                     f"platform {self.platform.name!r} runs the model with its own runner, "
