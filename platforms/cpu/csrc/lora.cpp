@@ -15,7 +15,8 @@
 // A. Tiles of up to 4 tokens x 4 ranks (2 x 4 on AVX2's 16 registers) accumulate one vector of
 // partial sums per pair over k, then sum its lanes. bfloat16 on AVX-512 multiplies pairs of
 // bfloat16 straight from memory (vdpbf16ps: products exact in float32, each add rounded, as an
-// FMA's); AVX2 widens them exactly in registers and uses FMAs.
+// FMA's, but subnormal inputs and sums flushed to zero); AVX2 widens them exactly in registers
+// and uses FMAs.
 //
 // Expand: each output is a dot product over R, too short to vectorise along. Instead a work item
 // transposes a chunk of B's rows (kColumns output columns, 64 on AVX-512, 32 on AVX2) into a
@@ -353,41 +354,45 @@ void zero_base_rows(at::Tensor& out, const at::Tensor& token_slots, const Segmen
   }
 }
 
-// out[T, R] (float32, rows may be strided) = x[T, K] @ a_stacked[slot(t)]^T per token, zeros
-// where token_slots is negative. x and a_stacked share the model dtype.
-void lora_shrink(at::Tensor out, const at::Tensor& x, const at::Tensor& a_stacked,
-                 const at::Tensor& token_slots, const at::Tensor& sorted_tokens,
-                 const at::Tensor& segment_slots, const at::Tensor& segment_starts) {
-  TORCH_CHECK(x.dim() == 2 && a_stacked.dim() == 3 && out.dim() == 2,
-              "lora_shrink: x must be [T, K], a_stacked [S, R, K] and out [T, R]");
-  const int64_t T = x.size(0), K = x.size(1), S = a_stacked.size(0), R = a_stacked.size(1);
-  TORCH_CHECK(a_stacked.size(2) == K && out.size(0) == T && out.size(1) == R,
-              "lora_shrink: x ", x.sizes(), ", a_stacked ", a_stacked.sizes(), " and out ",
-              out.sizes(), " do not match");
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.stride(1) == 1 && x.stride(1) == 1 &&
-                  a_stacked.is_contiguous(),
-              "lora_shrink: needs a float32 out and x with contiguous rows, a contiguous "
-              "a_stacked (call .contiguous() first)");
-  TORCH_CHECK(x.scalar_type() == a_stacked.scalar_type(), "lora_shrink: x is ",
-              x.scalar_type(), " but a_stacked is ", a_stacked.scalar_type(),
-              "; both must be in the model dtype");
-  const Segments s = read_segments(sorted_tokens, segment_slots, segment_starts, T, S);
-  zero_base_rows(out, token_slots, s);
-  if (s.longest == 0 || R == 0) return;
+// The products over x and A in their dtype, into out (float32, contiguous rows).
+void shrink_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, const Segments& s) {
+  const int64_t R = a.size(1), K = a.size(2);
   if (x.scalar_type() == at::kFloat) {
-    shrink_segments(ShrinkProblem<float>{x.data_ptr<float>(), x.stride(0),
-                                         a_stacked.data_ptr<float>(), R, K,
-                                         out.data_ptr<float>(), out.stride(0)},
+    shrink_segments(ShrinkProblem<float>{x.data_ptr<float>(), x.stride(0), a.data_ptr<float>(),
+                                         R, K, out.data_ptr<float>(), out.stride(0)},
                     s);
   } else if (x.scalar_type() == at::kBFloat16) {
     shrink_segments(ShrinkProblem<at::BFloat16>{x.data_ptr<at::BFloat16>(), x.stride(0),
-                                                a_stacked.data_ptr<at::BFloat16>(), R, K,
+                                                a.data_ptr<at::BFloat16>(), R, K,
                                                 out.data_ptr<float>(), out.stride(0)},
                     s);
   } else {
     TORCH_CHECK(false, "lora_shrink: float32 or bfloat16 inputs, not ", x.scalar_type(),
                 " (octavo.ops.reference.lora_shrink takes any dtype)");
   }
+}
+
+// [T, R] float32 = x[T, K] @ a_stacked[slot(t)]^T per token, zeros where token_slots is
+// negative; x and a_stacked share the model dtype. A new tensor (aliasing no input), made here
+// rather than by the caller: torch.empty from Python costs as much as a decode step's shrink.
+at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a_stacked,
+                       const at::Tensor& token_slots, const at::Tensor& sorted_tokens,
+                       const at::Tensor& segment_slots, const at::Tensor& segment_starts) {
+  TORCH_CHECK(x.dim() == 2 && a_stacked.dim() == 3,
+              "lora_shrink: x must be [T, K] and a_stacked [S, R, K]");
+  const int64_t T = x.size(0), K = x.size(1), S = a_stacked.size(0), R = a_stacked.size(1);
+  TORCH_CHECK(a_stacked.size(2) == K, "lora_shrink: x ", x.sizes(), " and a_stacked ",
+              a_stacked.sizes(), " do not match");
+  TORCH_CHECK(x.scalar_type() == a_stacked.scalar_type(), "lora_shrink: x is ",
+              x.scalar_type(), " but a_stacked is ", a_stacked.scalar_type(),
+              "; both must be in the model dtype");
+  at::Tensor out = at::empty({T, R}, x.options().dtype(at::kFloat));
+  const Segments s = read_segments(sorted_tokens, segment_slots, segment_starts, T, S);
+  zero_base_rows(out, token_slots, s);
+  if (s.longest == 0 || R == 0) return out;
+  // Rows may be strided; a copy only where elements within a row are not contiguous.
+  shrink_into(out, x.stride(1) == 1 ? x : x.contiguous(), a_stacked.contiguous(), s);
+  return out;
 }
 
 // --- expand: B's rows transposed per chunk of columns -------------------------------------
@@ -536,10 +541,30 @@ void expand_segments(const ExpandProblem<T>& p, const Segments& s) {
   });
 }
 
+// The products over y's window (contiguous rows) and B in their dtype.
+void expand_into(at::Tensor& y, const at::Tensor& buffer, const at::Tensor& b, int64_t offset,
+                 const Segments& s) {
+  const int64_t N = b.size(1), R = b.size(2);
+  if (y.scalar_type() == at::kFloat) {
+    expand_segments(ExpandProblem<float>{y.data_ptr<float>() + offset, y.stride(0),
+                                         buffer.data_ptr<float>(), buffer.stride(0),
+                                         b.data_ptr<float>(), N, R},
+                    s);
+  } else if (y.scalar_type() == at::kBFloat16) {
+    expand_segments(ExpandProblem<at::BFloat16>{y.data_ptr<at::BFloat16>() + offset, y.stride(0),
+                                                buffer.data_ptr<float>(), buffer.stride(0),
+                                                b.data_ptr<at::BFloat16>(), N, R},
+                    s);
+  } else {
+    TORCH_CHECK(false, "lora_expand: float32 or bfloat16 y, not ", y.scalar_type(),
+                " (octavo.ops.reference.lora_expand takes any dtype)");
+  }
+}
+
 // y[t, offset : offset + N] += buffer[t] @ b_stacked[slot(t)]^T for each sorted token: the
 // product in float32, added to y in float32 and rounded once to y's dtype. buffer [T, R] is
 // float32 (rows may be strided: a column slice of a wider shrink), y [T, >= offset + N] in the
-// model dtype (rows may be strided), b_stacked [S, N, R] contiguous in y's dtype.
+// model dtype (rows may be strided), b_stacked [S, N, R] in y's dtype.
 void lora_expand(at::Tensor y, const at::Tensor& buffer, const at::Tensor& b_stacked,
                  const at::Tensor& sorted_tokens, const at::Tensor& segment_slots,
                  const at::Tensor& segment_starts, int64_t offset) {
@@ -551,36 +576,26 @@ void lora_expand(at::Tensor y, const at::Tensor& buffer, const at::Tensor& b_sta
                   offset + N <= y.size(1),
               "lora_expand: y ", y.sizes(), ", buffer ", buffer.sizes(), ", b_stacked ",
               b_stacked.sizes(), " and offset ", offset, " do not match");
-  TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.stride(1) == 1 && y.stride(1) == 1 &&
-                  b_stacked.is_contiguous(),
-              "lora_expand: needs a float32 buffer and y with contiguous rows, a contiguous "
-              "b_stacked (call .contiguous() first)");
+  TORCH_CHECK(buffer.scalar_type() == at::kFloat, "lora_expand: buffer must be float32 (what ",
+              "lora_shrink returns), not ", buffer.scalar_type());
   TORCH_CHECK(y.scalar_type() == b_stacked.scalar_type(), "lora_expand: y is ", y.scalar_type(),
               " but b_stacked is ", b_stacked.scalar_type(), "; both must be in the model dtype");
   const Segments s = read_segments(sorted_tokens, segment_slots, segment_starts, T, S);
   if (s.longest == 0 || N == 0) return;
-  if (y.scalar_type() == at::kFloat) {
-    expand_segments(ExpandProblem<float>{y.data_ptr<float>() + offset, y.stride(0),
-                                         buffer.data_ptr<float>(), buffer.stride(0),
-                                         b_stacked.data_ptr<float>(), N, R},
-                    s);
-  } else if (y.scalar_type() == at::kBFloat16) {
-    expand_segments(ExpandProblem<at::BFloat16>{y.data_ptr<at::BFloat16>() + offset, y.stride(0),
-                                                buffer.data_ptr<float>(), buffer.stride(0),
-                                                b_stacked.data_ptr<at::BFloat16>(), N, R},
-                    s);
-  } else {
-    TORCH_CHECK(false, "lora_expand: float32 or bfloat16 y, not ", y.scalar_type(),
-                " (octavo.ops.reference.lora_expand takes any dtype)");
-  }
+  // Rows may be strided; a copy only where elements within a row are not contiguous (y's is
+  // written back whole: its other elements keep their bits).
+  at::Tensor target = y.stride(1) == 1 ? y : y.contiguous();
+  expand_into(target, buffer.stride(1) == 1 ? buffer : buffer.contiguous(),
+              b_stacked.contiguous(), offset, s);
+  if (!target.is_same(y)) y.copy_(target);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(OCTAVO_CPU_NAMESPACE, m) {
   m.def(
-      "lora_shrink(Tensor(a!) out, Tensor x, Tensor a_stacked, Tensor token_slots, "
-      "Tensor sorted_tokens, Tensor segment_slots, Tensor segment_starts) -> ()");
+      "lora_shrink(Tensor x, Tensor a_stacked, Tensor token_slots, Tensor sorted_tokens, "
+      "Tensor segment_slots, Tensor segment_starts) -> Tensor");
   m.def(
       "lora_expand(Tensor(a!) y, Tensor buffer, Tensor b_stacked, Tensor sorted_tokens, "
       "Tensor segment_slots, Tensor segment_starts, int offset) -> ()");

@@ -2,9 +2,9 @@
 built, each segment of a step's tokens against its slot's adapter in one pass; else None, and
 the LoRA layers use the reference (``octavo.ops.reference.lora_shrink`` / ``lora_expand``).
 
-The kernels take float32 and bfloat16 models; a call they cannot take as it is (another dtype,
-a tensor whose rows are not contiguous) goes to the reference, with the same numbers up to
-float32 summation order.
+The kernels take float32 and bfloat16 models; a call with tensors of another dtype than the
+model's (or a buffer not in float32) goes to the reference, with the same numbers up to float32
+summation order.
 """
 
 from __future__ import annotations
@@ -27,26 +27,28 @@ def make_lora_kernels(dtype: torch.dtype, ops: Any) -> Optional[LoRAKernels]:
     if ops is None or not hasattr(ops, "lora_shrink") or dtype not in DTYPES:
         return None
     _register_fakes(ops.name)
-    return CompiledLoRAKernels(ops)
+    return CompiledLoRAKernels(dtype, ops)
 
 
 class CompiledLoRAKernels:
-    """``shrink`` and ``expand`` through the compiled ops, the reference for what they refuse."""
+    """``shrink`` and ``expand`` through the compiled ops for a ``dtype`` model; tensors of
+    another dtype go to the reference. The ops take strided rows as they are and copy what is
+    not contiguous within a row (the checks here are the few that decide between the two: each
+    costs a decode step's kernel some 5%)."""
 
-    __slots__ = ("_shrink", "_expand")
+    __slots__ = ("_dtype", "_shrink", "_expand")
 
-    def __init__(self, ops: Any):
+    def __init__(self, dtype: torch.dtype, ops: Any):
+        self._dtype = dtype
         self._shrink = ops.lora_shrink.default
         self._expand = ops.lora_expand.default
 
     def shrink(
         self, x: torch.Tensor, a_stacked: torch.Tensor, mapping: LoRAMapping
     ) -> torch.Tensor:
-        if not _fits(x, a_stacked) or x.dim() != 2 or x.stride(1) != 1:
+        if x.dtype is not self._dtype or a_stacked.dtype is not self._dtype:
             return reference.lora_shrink(x, a_stacked, mapping)
-        out = torch.empty(x.shape[0], a_stacked.shape[1], dtype=torch.float32)
-        self._shrink(
-            out,
+        return self._shrink(
             x,
             a_stacked,
             mapping.token_slots,
@@ -54,7 +56,6 @@ class CompiledLoRAKernels:
             mapping.segment_slots,
             mapping.segment_starts,
         )
-        return out
 
     def expand(
         self,
@@ -64,8 +65,8 @@ class CompiledLoRAKernels:
         mapping: LoRAMapping,
         offset: int,
     ) -> None:
-        fits = _fits(y, b_stacked) and y.dim() == 2 and y.stride(1) == 1
-        if not fits or buffer.dtype != torch.float32 or buffer.stride(-1) != 1:
+        dtype = self._dtype
+        if y.dtype is not dtype or b_stacked.dtype is not dtype or buffer.dtype is not _FLOAT:
             reference.lora_expand(y, buffer, b_stacked, mapping, offset)
             return
         self._expand(
@@ -79,25 +80,18 @@ class CompiledLoRAKernels:
         )
 
 
-def _fits(activations: torch.Tensor, weights: torch.Tensor) -> bool:
-    """Whether the compiled ops take these: the kernels' dtypes, one for both, packed weights,
-    on the host."""
-    return (
-        activations.dtype in DTYPES
-        and weights.dtype == activations.dtype
-        and weights.is_contiguous()
-        and activations.device.type == "cpu"
-    )
+_FLOAT = torch.float32
 
 
 @functools.lru_cache(maxsize=None)
 def _register_fakes(namespace: str) -> None:
     """Fake (meta) implementations of the two ops, as octavo_cpu.fake_ops gives the others, so
-    that torch.compile traces through them: both write in place and return nothing."""
+        that torch.compile traces through them: the shrink returns a new tensor, the expand writes
+    in place and returns nothing."""
 
     @torch.library.register_fake(f"{namespace}::lora_shrink")
-    def _lora_shrink(out, x, a_stacked, token_slots, sorted_tokens, segment_slots, starts):
-        return None
+    def _lora_shrink(x, a_stacked, token_slots, sorted_tokens, segment_slots, starts):
+        return x.new_empty((x.shape[0], a_stacked.shape[1]), dtype=torch.float32)
 
     @torch.library.register_fake(f"{namespace}::lora_expand")
     def _lora_expand(y, buffer, b_stacked, sorted_tokens, segment_slots, starts, offset):

@@ -169,17 +169,37 @@ def test_a_step_without_adapters(ops):
         assert torch.equal(y, before)
 
 
-def test_what_the_kernels_do_not_take_goes_to_the_reference(ops):
-    """Columns of x not contiguous, weights that are views, a float64 call."""
+def test_layouts_the_kernels_copy_and_dtypes_they_leave_to_the_reference(ops):
+    """Columns of x, y or buffer not contiguous and weights that are views are copied on the
+    way; a float64 call, or a bfloat16 model's float32 (widened) output, goes to the reference."""
     lora = make_lora_kernels(torch.float32, ops)
     a, b = weights(3, 24, 4, 10, torch.float32)
     slots, mapping = mixed_mapping(9, 3, seed=8)
     check_shrink(lora, torch.randn(24, 9).t(), a, slots, mapping)
-    check_shrink(
-        lora, torch.randn(9, 24), a.transpose(1, 2).contiguous().transpose(1, 2), slots, mapping
-    )
-    check_expand(lora, torch.randn(10, 9).t(), torch.randn(9, 4), b, slots, mapping, 0)
+    strided_a = a.transpose(1, 2).contiguous().transpose(1, 2)
+    check_shrink(lora, torch.randn(9, 24), strided_a, slots, mapping)
+    check_expand(lora, torch.randn(12, 9).t(), torch.randn(4, 9).t(), b, slots, mapping, 1)
+    strided_b = b.transpose(1, 2).contiguous().transpose(1, 2)
+    check_expand(lora, torch.randn(9, 10), torch.randn(9, 4), strided_b, slots, mapping, 0)
     check_shrink(lora, torch.randn(9, 24).double(), a.double(), slots, mapping)
+    bf16 = make_lora_kernels(torch.bfloat16, ops)
+    check_expand(bf16, torch.randn(9, 10), torch.randn(9, 4), b.bfloat16(), slots, mapping, 0)
+
+
+def test_torch_compile_traces_through_the_ops(ops):
+    """The ops' fakes let a compiled forward keep them in its graph (no graph break)."""
+    lora = make_lora_kernels(torch.float32, ops)
+    a, b = weights(2, 32, 8, 16, torch.float32)
+    slots, mapping = mixed_mapping(6, 2, seed=9)
+    x, y = torch.randn(6, 32), torch.randn(6, 20)
+
+    def forward(x, y):
+        out = y.clone()
+        lora.expand(out, lora.shrink(x, a, mapping), b, mapping, 2)
+        return out
+
+    compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, y), forward(x, y), atol=0, rtol=0)
 
 
 def test_a_bad_mapping_is_refused_with_what_to_do(ops):
