@@ -20,14 +20,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from real_model_serve import MODEL, VOCAB, start  # noqa: E402
+import real_model_serve  # noqa: E402
+from real_model_serve import MODEL, start  # noqa: E402
 
 NUM_ADAPTERS = 4
 CONFIGS = ("base", "lora-server base", "4 adapters")
@@ -64,17 +63,9 @@ def lora_flags(folders: list[Path], rank: int) -> list[str]:
 
 
 def sweep(port: int, pid: int, args, lora_modules: str = "") -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [sys.executable, "-m", "octavo.cli", "bench", "serve"]
-        command += ["--base-url", f"http://127.0.0.1:{port}", "--vocab-size", str(VOCAB)]
-        command += ["--dataset", "random", "--input-len", *map(str, args.input_len)]
-        command += ["--output-len", str(args.output_len), str(args.output_len)]
-        command += ["--num-prompts", str(args.num_prompts), "--max-concurrency", args.concurrency]
-        command += ["--server-pid", str(pid), "--output-json", out.name, "--disable-tqdm"]
-        command += ["--num-warmups", str(NUM_ADAPTERS)]
-        command += ["--lora-modules", lora_modules] if lora_modules else []
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        return json.loads(Path(out.name).read_text())
+    extra = ["--num-warmups", str(NUM_ADAPTERS)]
+    extra += ["--lora-modules", lora_modules] if lora_modules else []
+    return real_model_serve.sweep("octavo", port, pid, args, extra)
 
 
 def run_round(args, folders: list[Path], context: int, runs: dict) -> None:

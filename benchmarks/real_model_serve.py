@@ -84,7 +84,8 @@ def start(engine: str, fmt: str, slots: int, context: int, log, extra=()) -> tup
     raise RuntimeError(f"{engine} {fmt} did not start")
 
 
-def sweep(engine: str, port: int, pid: int, args) -> dict:
+def sweep(engine: str, port: int, pid: int, args, extra=()) -> dict:
+    """``octavo bench serve``'s JSON for the sweep ``args`` ask for (``extra``: more flags)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, "-m", "octavo.cli", "bench", "serve"]
         command += ["--base-url", f"http://127.0.0.1:{port}", "--vocab-size", str(VOCAB)]
@@ -93,7 +94,7 @@ def sweep(engine: str, port: int, pid: int, args) -> dict:
         command += ["--num-prompts", str(args.num_prompts), "--max-concurrency", args.concurrency]
         command += ["--server-pid", str(pid), "--output-json", out.name, "--disable-tqdm"]
         command += ["--no-keep-alive"] if engine == "llamacpp" else []
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*command, *extra], check=True, stdout=subprocess.DEVNULL)
         return json.loads(Path(out.name).read_text())
 
 

@@ -183,7 +183,7 @@ def lora_builds(tuning: LoRATuning):
     """Each LoRA kernel in each dtype with ``tuning``'s blocks (rank 16; the expand by segment
     with a whole rank-64 block)."""
     from octavo_triton import compile_check as cc
-    from octavo_triton import lora
+    from octavo_triton import lora_kernels as lora
 
     builds = []
     segments = {"sorted_tokens_ptr": "i64", "segment_slots_ptr": "i64", "segment_starts_ptr": "i64"}
