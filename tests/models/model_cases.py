@@ -20,6 +20,16 @@ TINY_SPECS = {
     "MistralForCausalLM": TinyModelSpec("MistralForCausalLM", sliding_window=24, seed=2),
     "Qwen2ForCausalLM": TinyModelSpec("Qwen2ForCausalLM", tie_word_embeddings=True, seed=3),
     "Qwen3ForCausalLM": TinyModelSpec("Qwen3ForCausalLM", head_dim=32, seed=4),
+    # MoE: 8 experts, 2 per token, renormalised, layer 1 a dense MLP (mlp_only_layers)
+    "Qwen3MoeForCausalLM": TinyModelSpec(
+        "Qwen3MoeForCausalLM",
+        head_dim=32,
+        num_experts=8,
+        extra_config=(("norm_topk_prob", True), ("mlp_only_layers", (1,))),
+        seed=5,
+    ),
+    # MoE in every layer: 4 experts of intermediate_size, 2 per token
+    "MixtralForCausalLM": TinyModelSpec("MixtralForCausalLM", num_experts=4, seed=6),
 }
 ARCHITECTURES = tuple(TINY_SPECS)
 

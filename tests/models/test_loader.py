@@ -118,7 +118,8 @@ def test_unsupported_architecture_lists_the_supported_ones(llama_copy, octavo_pl
     with pytest.raises(
         ConfigError,
         match="'GPT2LMHeadModel'.*not supported.*"
-        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+        "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM, Qwen3MoeForCausalLM",
     ):
         load(llama_copy, octavo_platform)
 

@@ -13,6 +13,7 @@ from octavo.config import check_quantization
 from octavo.errors import ConfigError
 from octavo.model_executor.model_config import ModelConfig, read_json
 from octavo.models.layers.fp8 import quantize_model
+from octavo.models.layers.fused_moe import FusedExperts, pack_experts
 from octavo.models.layers.linear import TPGroup
 from octavo.models.weights import CheckpointTensor
 from octavo.platform.facade import Platform
@@ -87,7 +88,8 @@ def load_model(
     model_cls: Optional[type] = None,
 ) -> nn.Module:
     """Construct the model on ``device`` in ``config.dtype`` and load every checkpoint tensor,
-    then quantise its linear layers when ``quantization`` (``"fp8"``, ``"int8"``) is given. A
+    then hand its MoE layers to the platform's fused MoE and quantise its linear layers when
+    ``quantization`` (``"fp8"``, ``"int8"``; not for MoE models) is given. A
     GGUF file's linear layers stay in their quantized types where the platform has kernels for
     them (``octavo.quantization.quantized_linear``), the rest are dequantized.
 
@@ -97,6 +99,11 @@ def load_model(
     check_quantization(quantization)
     cls = model_cls or model_class(config, platform)
     model = cls(config, platform, block_size=block_size, device=device, tp=tp)
+    if quantization is not None and any(isinstance(m, FusedExperts) for m in model.modules()):
+        raise ConfigError(
+            f"--quantization {quantization} does not cover Mixture-of-Experts weights yet "
+            f"({config.architecture}'s experts would stay in {config.dtype}): drop it"
+        )
     kept: dict = {}
     if config.is_gguf:
         if quantization is not None:
@@ -118,6 +125,7 @@ def load_model(
             f"is missing {len(missing)} tensor(s) that "
             f"{config.architecture} needs: {shown}"
         )
+    pack_experts(model, platform)
     attach_quantized(kept, platform)
     if config.is_gguf:
         keep_lm_head_quantized(model, checkpoint, platform, tp.size)

@@ -118,12 +118,19 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, residual adds fused into the following RMSNorm."""
 
     def __init__(
-        self, config, platform: Platform, self_attn: nn.Module, *, device: Device, tp: TPGroup
+        self,
+        config,
+        platform: Platform,
+        self_attn: nn.Module,
+        *,
+        device: Device,
+        tp: TPGroup,
+        mlp: Optional[nn.Module] = None,
     ):
         super().__init__()
         kw = dict(dtype=config.dtype, device=device)
         self.self_attn = self_attn
-        self.mlp = LlamaMLP(config, platform, device=device, tp=tp)
+        self.mlp = mlp if mlp is not None else LlamaMLP(config, platform, device=device, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, platform, **kw)
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, config.rms_norm_eps, platform, **kw
@@ -218,6 +225,10 @@ class LlamaForCausalLM(nn.Module):
         """The attention window of layer ``layer_idx`` in tokens (None: full attention)."""
         return None
 
+    def make_mlp(self, config, platform, layer_idx: int, device, tp) -> Optional[nn.Module]:
+        """Layer ``layer_idx``'s feed-forward block (None: the Llama MLP)."""
+        return None
+
     def _make_layer(self, config, platform, layer_idx, block_size, device, tp) -> LlamaDecoderLayer:
         qkv_bias, o_bias = self.attention_biases(config)
         attn = self.attention_cls(
@@ -230,7 +241,8 @@ class LlamaForCausalLM(nn.Module):
             o_bias=o_bias,
             sliding_window=self.sliding_window(config, layer_idx),
         )
-        return LlamaDecoderLayer(config, platform, attn, device=device, tp=tp)
+        mlp = self.make_mlp(config, platform, layer_idx, device, tp)
+        return LlamaDecoderLayer(config, platform, attn, device=device, tp=tp, mlp=mlp)
 
     # --- the interface the runner and loader use -----------------------------------------------
 

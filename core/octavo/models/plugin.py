@@ -7,9 +7,11 @@ from octavo.platform import hookimpl
 
 @hookimpl
 def octavo_model_architectures():
-    """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs."""
+    """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs, and its Mixture-of-Experts
+    members Qwen3-MoE and Mixtral."""
     from octavo.models.llama import LlamaForCausalLM
     from octavo.models.mistral import MistralForCausalLM
+    from octavo.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
     from octavo.models.qwen2 import Qwen2ForCausalLM
     from octavo.models.qwen3 import Qwen3ForCausalLM
 
@@ -18,4 +20,6 @@ def octavo_model_architectures():
         "MistralForCausalLM": MistralForCausalLM,
         "Qwen2ForCausalLM": Qwen2ForCausalLM,
         "Qwen3ForCausalLM": Qwen3ForCausalLM,
+        "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+        "MixtralForCausalLM": MixtralForCausalLM,
     }

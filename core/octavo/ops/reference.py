@@ -10,6 +10,11 @@ from typing import Optional
 
 import torch
 
+from octavo.ops.reference_moe import (  # noqa: F401 (the MoE oracle, kept in its own module)
+    fused_moe,
+    pack_fused_moe,
+    select_experts,
+)
 from octavo.platform.types import AttentionMetadata, LoRAMapping, SamplingMetadata
 
 # --- paged attention -------------------------------------------------------------------------

@@ -28,9 +28,11 @@ from octavo.platform.types import (
     Capabilities,
     Communicator,
     EngineRunner,
+    FusedMoEPacker,
     LinearPacker,
     LoRAKernels,
     MemoryInfo,
+    MoESpec,
     PlatformInfo,
     QuantizedLinearPacker,
     RejectionSamplerFn,
@@ -163,6 +165,13 @@ class Platform:
         """The platform's batched LoRA products for ``dtype``, or the reference's."""
         result = self.pm.hook.octavo_lora_kernels(platform=self.info, dtype=dtype)
         return result if result is not None else reference.LORA_KERNELS
+
+    @functools.lru_cache(maxsize=None)
+    def fused_moe(self, spec: MoESpec) -> FusedMoEPacker:
+        """The platform's packer of Mixture-of-Experts layers of ``spec``, or the reference's
+        (a loop over the step's experts)."""
+        result = self.pm.hook.octavo_fused_moe(platform=self.info, spec=spec)
+        return result if result is not None else functools.partial(reference.pack_fused_moe, spec)
 
     def linear_packer(self, dtype: torch.dtype) -> Optional[LinearPacker]:
         """The platform's own matmul for unquantised linear layers of ``dtype``, or None."""

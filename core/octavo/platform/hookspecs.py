@@ -26,9 +26,11 @@ from octavo.platform.types import (
     BitmaskFn,
     Capabilities,
     Communicator,
+    FusedMoEPacker,
     LinearPacker,
     LoRAKernels,
     MemoryInfo,
+    MoESpec,
     PlatformInfo,
     QuantizedLinearPacker,
     RejectionSamplerFn,
@@ -181,6 +183,20 @@ def octavo_lora_kernels(platform: PlatformInfo, dtype: torch.dtype) -> Optional[
     Optional: without it LoRA layers use ``octavo.ops.reference.lora_shrink`` / ``lora_expand``
     (a loop over the step's adapters). Stops at the first non-None result. Called once at
     start-up when ``--enable-lora`` is on.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_fused_moe(platform: PlatformInfo, spec: MoESpec) -> Optional[FusedMoEPacker]:
+    """Return ``pack(w13, w2) -> fn(hidden, router_logits, correction_bias=None)`` for a
+    Mixture-of-Experts layer of ``spec`` (:class:`MoESpec`: routing, shape, dtype): ``pack``
+    is called once per layer at load with its stacked expert weights, ``fn`` once per layer
+    and step, routing every token and applying its experts in one call
+    (:class:`~octavo.platform.types.FusedMoEFn`; the oracle is
+    ``octavo.ops.reference.fused_moe``, a loop over the step's experts).
+
+    Optional: without it MoE layers run the reference. Stops at the first non-None result.
+    Called once per distinct ``spec`` at start-up.
     """
 
 

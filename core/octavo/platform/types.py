@@ -239,6 +239,79 @@ class LoRAKernels(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
+class MoESpec:
+    """One Mixture-of-Experts layer's routing and shape (``octavo_fused_moe``).
+
+    Routing: ``scoring`` (``"softmax"`` or ``"sigmoid"``) of the router logits in float32; each
+    token's ``top_k`` experts by score, DeepSeek-V3's grouped choice when ``num_expert_groups``
+    > 1 (the experts in ``num_expert_groups`` equal groups, a group scored by the sum of its two
+    best experts, only the ``topk_groups`` best groups' experts eligible; with a correction bias
+    the choice reads ``score + bias``, the weights the plain scores); the chosen weights
+    renormalised to sum 1 when ``renormalize``, then times ``routed_scaling_factor``.
+
+    Experts: ``num_experts`` of ``hidden_size -> intermediate_size`` (this rank's share of each
+    expert's inner width under tensor parallelism) with activation ``activation`` (``"silu"``:
+    ``silu(gate) * up``); each token's output is the sum of its experts' outputs times their
+    weights. ``dtype`` is the model's.
+    """
+
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+    dtype: torch.dtype
+    scoring: str = "softmax"
+    renormalize: bool = True
+    num_expert_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    activation: str = "silu"
+
+    SCORINGS = ("softmax", "sigmoid")
+    ACTIVATIONS = ("silu",)
+
+    def __post_init__(self) -> None:
+        if self.scoring not in self.SCORINGS:
+            raise ValueError(f"MoE scoring {self.scoring!r}: use one of {self.SCORINGS}")
+        if self.activation not in self.ACTIVATIONS:
+            raise ValueError(f"MoE activation {self.activation!r}: use one of {self.ACTIVATIONS}")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"MoE top_k {self.top_k} must be in 1..{self.num_experts}")
+        if self.num_experts % self.num_expert_groups or not (
+            0 < self.topk_groups <= self.num_expert_groups
+        ):
+            raise ValueError(
+                f"MoE groups: {self.num_experts} experts in {self.num_expert_groups} groups, "
+                f"{self.topk_groups} chosen: the groups must divide the experts and "
+                "1 <= topk_groups <= num_expert_groups"
+            )
+
+
+class FusedMoEFn(Protocol):
+    """A Mixture-of-Experts layer over expert weights packed at load (``FusedMoEPacker``)."""
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor,
+        correction_bias: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``hidden [T, H]`` (model dtype), ``router_logits [T, E]`` -> ``[T, H]`` in the model
+        dtype: each token routed and its experts applied as :class:`MoESpec` says (the
+        reference: ``octavo.ops.reference.fused_moe``). ``correction_bias [E]`` float32, where
+        the model has one, shifts the choice of experts only. Under tensor parallelism the
+        result is this rank's partial sum (the model all-reduces it)."""
+        ...
+
+
+FusedMoEPacker = Callable[[torch.Tensor, torch.Tensor], FusedMoEFn]
+"""``pack(w13 [E, 2 * I, H], w2 [E, H, I]) -> FusedMoEFn``: called once per MoE layer at load
+with its stacked expert weights (rows ``0 .. I - 1`` of ``w13[e]`` expert ``e``'s gate
+projection, rows ``I .. 2I - 1`` its up projection; ``w2[e]`` its down projection); the
+platform may keep them in its own layout."""
+
+
 LinearPacker = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 """``pack(weight [N, K]) -> fn(x [M, K]) -> x @ weight.T [M, N]``: called once per weight at load
 (the platform may keep a copy in its own layout); ``fn`` must give ``F.linear``'s numbers."""

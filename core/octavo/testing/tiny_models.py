@@ -1,4 +1,5 @@
-"""Random-weight HuggingFace checkpoints of the Llama family, written to a folder with a tokenizer.
+"""Random-weight HuggingFace checkpoints of the Llama family (its MoE members included), written
+to a folder with a tokenizer.
 
 Tests build tiny ones in fixtures; benchmarks build ~100M-parameter ones. The folder is an
 ordinary HF model folder (config.json, safetensors, generation_config.json, tokenizer files), so
@@ -19,6 +20,8 @@ ARCHITECTURE_CONFIGS = {
     "MistralForCausalLM": "MistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen3ForCausalLM": "Qwen3Config",
+    "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+    "MixtralForCausalLM": "MixtralConfig",
 }
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, bos, eos
@@ -52,6 +55,14 @@ class TinyModelSpec:
     attention_bias: bool = False  # Llama/Qwen3 option; Qwen2 always has q/k/v biases
     init_std: float = 0.1  # at 0.02 greedy output repeats one token
     seed: int = 0
+    # Mixture of Experts (Qwen3-MoE, Mixtral): experts per MoE block and per token; Qwen3-MoE's
+    # expert width (Mixtral's is intermediate_size)
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 32
+    # further config.json fields, as (name, value) pairs (e.g. Qwen3-MoE's mlp_only_layers; a
+    # tuple value is written as a list)
+    extra_config: tuple[tuple[str, Any], ...] = ()
 
 
 def _hf_config(spec: TinyModelSpec):
@@ -83,14 +94,25 @@ def _hf_config(spec: TinyModelSpec):
         eos_token_id=2,
         pad_token_id=0,
     )
-    if spec.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+    if spec.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         kwargs["attention_bias"] = spec.attention_bias
-    if spec.architecture == "MistralForCausalLM":
+    if spec.architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
         kwargs["sliding_window"] = spec.sliding_window
     elif spec.architecture.startswith("Qwen") and spec.sliding_window is not None:
         kwargs.update(
             use_sliding_window=True, sliding_window=spec.sliding_window, max_window_layers=0
         )
+    if spec.architecture == "Qwen3MoeForCausalLM":
+        kwargs.update(
+            num_experts=spec.num_experts,
+            num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size,
+        )
+    elif spec.architecture == "MixtralForCausalLM":
+        kwargs.update(
+            num_local_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok
+        )
+    kwargs.update({k: list(v) if isinstance(v, tuple) else v for k, v in spec.extra_config})
     config = config_cls(**kwargs)
     config.architectures = [spec.architecture]
     return config

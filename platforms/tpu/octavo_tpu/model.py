@@ -15,6 +15,8 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from octavo.errors import ConfigError
+from octavo.models.llama import LlamaMLP
 from octavo_tpu.bridge import to_jax
 from octavo_tpu.kernels.attention import paged_attention, write_kv
 from octavo_tpu.kernels.rms_norm import rms_norm
@@ -66,6 +68,12 @@ def params_from_torch(model, interpret: bool) -> tuple[ModelShape, dict]:
     first = model.model.layers[0].self_attn
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
+        if not isinstance(mlp, LlamaMLP):
+            raise ConfigError(
+                f"the tpu platform's runner serves dense Llama-family models; "
+                f"{type(model).__name__} has {type(mlp).__name__} blocks (Mixture of Experts): "
+                "serve it on another platform (--device cpu, cuda or rocm)"
+            )
         entry = {
             "input_norm": to_jax(layer.input_layernorm.weight),
             "post_norm": to_jax(layer.post_attention_layernorm.weight),
