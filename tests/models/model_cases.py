@@ -14,6 +14,25 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
+GEMMA3_OPTIONS = dict(
+    num_hidden_layers=3,
+    head_dim=16,
+    tie_word_embeddings=True,
+    extra_config=(
+        ("sliding_window", 8),
+        ("layer_types", ("sliding_attention", "full_attention", "sliding_attention")),
+        ("query_pre_attn_scalar", 24),
+        ("final_logit_softcapping", 30.0),
+        (
+            "rope_parameters",
+            {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
+)
+
 # One tiny model per architecture, each also exercising a feature of its family.
 TINY_SPECS = {
     "LlamaForCausalLM": TinyModelSpec("LlamaForCausalLM", rope_scaling=LLAMA3_ROPE, seed=1),
@@ -30,6 +49,11 @@ TINY_SPECS = {
     ),
     # MoE in every layer: 4 experts of intermediate_size, 2 per token
     "MixtralForCausalLM": TinyModelSpec("MixtralForCausalLM", num_experts=4, seed=6),
+    # fused qkv_proj and gate_up_proj in the checkpoint; a sliding window on every layer
+    "Phi3ForCausalLM": TinyModelSpec("Phi3ForCausalLM", sliding_window=24, seed=7),
+    # sliding (window 8, local RoPE) and full (linear-scaled global RoPE) layers interleaved,
+    # q/k norms, query_pre_attn_scalar, logits soft-capped
+    "Gemma3ForCausalLM": TinyModelSpec("Gemma3ForCausalLM", **GEMMA3_OPTIONS, seed=8),
 }
 ARCHITECTURES = tuple(TINY_SPECS)
 

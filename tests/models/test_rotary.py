@@ -98,3 +98,23 @@ def test_unsupported_scaling_types_are_refused(kind):
 def test_llama3_needs_its_original_context():
     with pytest.raises(ConfigError, match="original_max_position_embeddings"):
         parse_rope_config({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}})
+
+
+def test_gemma3_reads_both_rope_formats():
+    """Gemma 3's per-layer-type RoPE from transformers 5's ``rope_parameters`` and from the
+    transformers 4 configs on the Hub (``rope_theta`` + ``rope_scaling`` for the full layers,
+    ``rope_local_base_freq`` for the sliding ones)."""
+    from octavo.models.gemma3 import gemma3_rope
+    from octavo.models.layers.rotary import RopeConfig
+
+    v4 = {"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    v4["rope_local_base_freq"] = 10000.0
+    v5 = {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+    }
+    for hf in (v4, v5):
+        assert gemma3_rope(hf, "full_attention") == RopeConfig("linear", 1e6, factor=8.0)
+        assert gemma3_rope(hf, "sliding_attention") == RopeConfig("default", 10000.0)

@@ -202,7 +202,7 @@ class ModelConfig:
             max_position_embeddings=max_pos,
             max_model_len=max_model_len or max_pos,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope=parse_rope_config(hf),
+            rope=parse_rope_config(hf, layer_type="full_attention"),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", False)),
             mlp_bias=bool(hf.get("mlp_bias", False)),

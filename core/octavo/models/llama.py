@@ -72,6 +72,7 @@ class LlamaAttention(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         sliding_window: Optional[int],
+        scale: Optional[float] = None,
     ):
         super().__init__()
         self.head_dim = config.head_dim
@@ -97,6 +98,7 @@ class LlamaAttention(nn.Module):
             platform,
             dtype=config.dtype,
             block_size=block_size,
+            scale=scale,
             sliding_window=sliding_window,
         )
 
@@ -201,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
             self._make_layer(config, platform, i, block_size, device, tp)
             for i in range(config.num_hidden_layers)
         ]
-        self.model = LlamaModel(config, platform, layers, device=device, tp=tp)
+        self.model = self._make_model(config, platform, layers, device, tp)
         tied = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(
             config.vocab_size,
@@ -224,6 +226,10 @@ class LlamaForCausalLM(nn.Module):
     def sliding_window(cls, config, layer_idx: int) -> Optional[int]:
         """The attention window of layer ``layer_idx`` in tokens (None: full attention)."""
         return None
+
+    def _make_model(self, config, platform, layers, device, tp) -> nn.Module:
+        """The embedding, the ``layers`` and the final norm (HF's ``model.``)."""
+        return LlamaModel(config, platform, layers, device=device, tp=tp)
 
     def make_mlp(self, config, platform, layer_idx: int, device, tp) -> Optional[nn.Module]:
         """Layer ``layer_idx``'s feed-forward block (None: the Llama MLP)."""

@@ -8,10 +8,12 @@ from octavo.platform import hookimpl
 @hookimpl
 def octavo_model_architectures():
     """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs, and its Mixture-of-Experts
-    members Qwen3-MoE and Mixtral."""
+    members Qwen3-MoE and Mixtral, Phi-3, and Gemma 3 (text)."""
+    from octavo.models.gemma3 import Gemma3ForCausalLM
     from octavo.models.llama import LlamaForCausalLM
     from octavo.models.mistral import MistralForCausalLM
     from octavo.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
+    from octavo.models.phi3 import Phi3ForCausalLM
     from octavo.models.qwen2 import Qwen2ForCausalLM
     from octavo.models.qwen3 import Qwen3ForCausalLM
 
@@ -22,4 +24,6 @@ def octavo_model_architectures():
         "Qwen3ForCausalLM": Qwen3ForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
         "MixtralForCausalLM": MixtralForCausalLM,
+        "Phi3ForCausalLM": Phi3ForCausalLM,
+        "Gemma3ForCausalLM": Gemma3ForCausalLM,
     }

@@ -22,6 +22,8 @@ ARCHITECTURE_CONFIGS = {
     "Qwen3ForCausalLM": "Qwen3Config",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
     "MixtralForCausalLM": "MixtralConfig",
+    "Phi3ForCausalLM": "Phi3Config",
+    "Gemma3ForCausalLM": "Gemma3TextConfig",
 }
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, bos, eos
@@ -96,7 +98,7 @@ def _hf_config(spec: TinyModelSpec):
     )
     if spec.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         kwargs["attention_bias"] = spec.attention_bias
-    if spec.architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+    if spec.architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         kwargs["sliding_window"] = spec.sliding_window
     elif spec.architecture.startswith("Qwen") and spec.sliding_window is not None:
         kwargs.update(

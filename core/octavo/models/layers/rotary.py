@@ -28,19 +28,26 @@ class RopeConfig:
     original_max_position_embeddings: Optional[int] = None
 
 
-def parse_rope_config(hf_config: Mapping[str, Any]) -> RopeConfig:
+def parse_rope_config(hf_config: Mapping[str, Any], layer_type: Optional[str] = None) -> RopeConfig:
     """Read RoPE settings from a HF ``config.json`` dict.
 
     transformers 5 writes ``rope_parameters`` (with ``rope_theta`` inside); 4.x wrote
     ``rope_theta`` and ``rope_scaling`` (type under ``rope_type`` or the older ``type``). Both are
-    accepted. Scaling types other than linear and llama3 raise :class:`ConfigError`.
+    accepted. A model with per-layer-type settings (Gemma 3: ``{"full_attention": {...},
+    "sliding_attention": {...}}``) is read for ``layer_type``. Scaling types other than linear
+    and llama3 raise :class:`ConfigError`.
     """
     params = hf_config.get("rope_parameters")
     if params is None:
         params = dict(hf_config.get("rope_scaling") or {})
         params.setdefault("rope_theta", hf_config.get("rope_theta", 10000.0))
-    elif params and all(isinstance(v, Mapping) for v in params.values()):
-        raise ConfigError("per-layer-type rope_parameters are not supported by the Llama family")
+    elif any(isinstance(v, Mapping) for v in params.values()):
+        if not isinstance(params.get(layer_type), Mapping):
+            raise ConfigError(
+                f"rope_parameters are per layer type ({', '.join(params)}); "
+                f"this model reads them for {layer_type!r}, which they lack"
+            )
+        params = params[layer_type]
     rope_type = params.get("rope_type", params.get("type")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(

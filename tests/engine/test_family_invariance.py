@@ -1,6 +1,7 @@
-"""The Mixture-of-Experts families through the engine: greedy tokens equal transformers' on the
-same weights with chunked prefill and prefix caching, under both preemption modes, and split
-over two tensor-parallel ranks (each expert's inner width split, the partial sums reduced)."""
+"""The model families beyond Llama's dense core through the engine (Mixture of Experts, Phi-3,
+Gemma 3): greedy tokens equal transformers' on the same weights with chunked prefill and prefix
+caching, under both preemption modes, and split over two tensor-parallel ranks (for MoE: each
+expert's inner width split, the partial sums reduced)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,20 @@ from test_invariance import skip_tp_off_the_host
 
 from octavo import SamplingParams
 from octavo.testing.tiny_models import TinyModelSpec, write_tiny_model
+
+GEMMA3 = TinyModelSpec(
+    "Gemma3ForCausalLM",
+    num_hidden_layers=3,
+    head_dim=16,
+    tie_word_embeddings=True,
+    extra_config=(
+        ("sliding_window", 8),
+        ("layer_types", ("sliding_attention", "full_attention", "sliding_attention")),
+        ("query_pre_attn_scalar", 24),
+        ("final_logit_softcapping", 30.0),
+    ),
+    seed=24,
+)
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -25,6 +40,8 @@ FAMILIES = {
         seed=21,
     ),
     "mixtral": TinyModelSpec("MixtralForCausalLM", num_experts=4, seed=22),
+    "phi3": TinyModelSpec("Phi3ForCausalLM", sliding_window=16, seed=23),
+    "gemma3": GEMMA3,
 }
 
 
