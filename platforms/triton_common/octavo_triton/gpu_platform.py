@@ -205,3 +205,10 @@ class TritonGpuPlugin:
             from octavo_triton.rejection_sampler import make_rejection_sampler
 
             return make_rejection_sampler(self.gpu.tuning.sampler)
+
+    @hookimpl
+    def octavo_fused_moe(self, platform, spec):
+        if self.mine(platform) and spec.dtype in DTYPES and spec.activation == "silu":
+            from octavo_triton.fused_moe import make_fused_moe
+
+            return make_fused_moe(spec)
