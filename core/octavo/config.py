@@ -143,6 +143,7 @@ class EngineArgs:
     node_rank: Optional[int] = None  # None: NODE_RANK, else 0
     master_addr: Optional[str] = None  # None: MASTER_ADDR, else 127.0.0.1
     master_port: Optional[int] = None  # None: MASTER_PORT, else a free port (one node)
+    enable_expert_parallel: bool = False  # refused: MoE experts are split by inner width
     quantization: Optional[str] = None
     enforce_eager: bool = True
     compile_cache_dir: Optional[str] = None  # --no-enforce-eager's compiled graphs on disk
@@ -207,6 +208,11 @@ class EngineArgs:
                 f'e.g. {{"temperature": 0.5}}; got {self.override_generation_config!r}'
             )
         check_quantization(self.quantization)
+        if self.enable_expert_parallel:
+            raise ConfigError(
+                "--enable-expert-parallel: expert parallelism is not built yet; drop it (under "
+                "--tensor-parallel-size N every rank holds a share of each expert's inner width)"
+            )
         _ = self.parallel_config  # resolving the layout checks it
         spec = self.speculative_config
         if self.enable_lora:
@@ -397,6 +403,11 @@ def add_parallel_args(group) -> None:
         type=int,
         default=None,
         help="the rendezvous port (default: MASTER_PORT, else a free port on one node)",
+    )
+    group.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="refused: expert parallelism is not built (MoE experts split by inner width)",
     )
 
 

@@ -170,3 +170,31 @@ def test_generation_config_and_special_tokens(stories260k_path, octavo_platform)
     )
     assert (config.bos_token_id, config.eos_token_ids, config.max_model_len) == (1, (2,), 512)
     assert config.head_dim == 8 and config.num_key_value_heads == 4
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantizing_a_mixture_of_experts_model_is_refused(
+    tiny_models, octavo_platform, quantization
+):
+    """--quantization covers linear layers only: on an MoE model its experts would stay in the
+    model dtype, so the flag is refused rather than half applied."""
+    config = config_of(tiny_models["MixtralForCausalLM"], octavo_platform)
+    with pytest.raises(ConfigError, match="does not cover Mixture-of-Experts"):
+        load_model(config, octavo_platform, block_size=16, device="cpu", quantization=quantization)
+
+
+def test_expert_parallelism_is_refused(tiny_models):
+    from octavo.config import EngineArgs
+
+    with pytest.raises(ConfigError, match="expert parallelism is not built"):
+        EngineArgs(model=str(tiny_models["MixtralForCausalLM"]), enable_expert_parallel=True)
+
+
+def test_phi3_partial_rotary_factor_is_refused(tiny_models, octavo_platform, tmp_path):
+    folder = shutil.copytree(tiny_models["Phi3ForCausalLM"], tmp_path / "phi3")
+    edit_config(
+        folder,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75},
+    )
+    with pytest.raises(ConfigError, match="partial_rotary_factor 0.75"):
+        load(folder, octavo_platform)

@@ -92,3 +92,13 @@ def octavo_sampler(platform, vocab_size):
 def octavo_apply_token_bitmask(platform):
     if _mine(platform):
         return reference.apply_token_bitmask
+
+
+@hookimpl
+def octavo_fused_moe(platform, spec):
+    """Mixture-of-Experts layers (optional: without this hook the core runs the same reference).
+    ``pack(w13, w2)`` is called once per layer at load, where a vendor lays the experts out for
+    its grouped GEMM; the function it returns routes a step's tokens and applies their experts
+    in one call. Here: the reference loop over the step's experts, weights as they are."""
+    if _mine(platform):
+        return lambda w13, w2: reference.pack_fused_moe(spec, w13, w2)
