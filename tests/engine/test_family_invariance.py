@@ -1,7 +1,7 @@
 """The model families beyond Llama's dense core through the engine (Mixture of Experts, Phi-3,
-Gemma 3): greedy tokens equal transformers' on the same weights with chunked prefill and prefix
-caching, under both preemption modes, and split over two tensor-parallel ranks (for MoE: each
-expert's inner width split, the partial sums reduced)."""
+Gemma 3, DeepSeek-V3's latent attention): greedy tokens equal transformers' on the same weights
+with chunked prefill and prefix caching, under both preemption modes, and split over two
+tensor-parallel ranks (for MoE: each expert's inner width split, the partial sums reduced)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,25 @@ GEMMA3 = TinyModelSpec(
     seed=24,
 )
 
+DEEPSEEK_V3 = dict(
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    num_experts=8,
+    extra_config=(
+        ("kv_lora_rank", 32),
+        ("qk_rope_head_dim", 8),
+        ("qk_nope_head_dim", 16),
+        ("v_head_dim", 16),
+        ("rope_interleave", True),
+        ("n_shared_experts", 1),
+        ("n_group", 2),
+        ("topk_group", 1),
+        ("first_k_dense_replace", 1),
+        ("routed_scaling_factor", 2.5),
+    ),
+)
+
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FAMILIES = {
@@ -42,7 +61,27 @@ FAMILIES = {
     "mixtral": TinyModelSpec("MixtralForCausalLM", num_experts=4, seed=22),
     "phi3": TinyModelSpec("Phi3ForCausalLM", sliding_window=16, seed=23),
     "gemma3": GEMMA3,
+    "deepseek-v3": TinyModelSpec(
+        "DeepseekV3ForCausalLM",
+        **{**DEEPSEEK_V3, "extra_config": DEEPSEEK_V3["extra_config"] + (("q_lora_rank", 48),)},
+        seed=25,
+    ),
+    "deepseek-v3-no-q-lora": TinyModelSpec(  # q_proj instead of q_a/q_b (V2-Lite's layout)
+        "DeepseekV3ForCausalLM",
+        **{**DEEPSEEK_V3, "extra_config": DEEPSEEK_V3["extra_config"] + (("q_lora_rank", None),)},
+        seed=26,
+    ),
 }
+
+
+def kv_bytes_per_token(spec: TinyModelSpec) -> int:
+    """A float32 model's KV bytes per token across its layers: K and V of each KV head, or
+    under latent attention one row of the latent and the rotary key."""
+    extra = dict(spec.extra_config)
+    if "kv_lora_rank" in extra:
+        return spec.num_hidden_layers * (extra["kv_lora_rank"] + extra["qk_rope_head_dim"]) * 4
+    head_dim = spec.head_dim or spec.hidden_size // spec.num_attention_heads
+    return spec.num_hidden_layers * 2 * spec.num_key_value_heads * head_dim * 4
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -80,8 +119,7 @@ def test_chunked_prefill_and_prefix_caching_match_transformers(family):
 def test_preempted_requests_match_transformers(family, preemption_mode):
     folder, prompts, expected = family
     spec = FAMILIES[folder.name]
-    head_dim = spec.head_dim or spec.hidden_size // spec.num_attention_heads
-    block_bytes = spec.num_hidden_layers * 2 * spec.num_key_value_heads * head_dim * 16 * 4
+    block_bytes = kv_bytes_per_token(spec) * 16
     llm = make_llm(  # 10 blocks of 16 tokens: room for two or three of the requests at once
         folder,
         kv_cache_memory=10 * block_bytes,
@@ -99,3 +137,14 @@ def test_two_tensor_parallel_ranks_match_transformers(family):
     folder, prompts, expected = family
     llm = make_llm(folder, tensor_parallel_size=2, kv_cache_memory="4MiB")
     assert generate_ids(llm, prompts, GREEDY) == expected
+
+
+def test_the_kv_pool_holds_what_each_family_stores_per_token(family):
+    """The runner sizes blocks from the backends' layouts: under latent attention a token costs
+    its latent and rotary key once per layer, not K and V of every head."""
+    folder, _, _ = family
+    llm = make_llm(folder)
+    assert (
+        llm.engine.core.runner.kv_cache_bytes_per_block()
+        == kv_bytes_per_token(FAMILIES[folder.name]) * 16
+    )

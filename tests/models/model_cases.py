@@ -33,6 +33,33 @@ GEMMA3_OPTIONS = dict(
     ),
 )
 
+DEEPSEEK_V3_OPTIONS = dict(
+    rope_scaling={  # DeepSeek-V3's YaRN, over a 64-token original context
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    extra_config=(
+        ("kv_lora_rank", 32),
+        ("q_lora_rank", 48),
+        ("qk_rope_head_dim", 8),
+        ("qk_nope_head_dim", 16),
+        ("v_head_dim", 16),
+        ("rope_interleave", True),
+        ("n_shared_experts", 1),
+        ("n_group", 2),
+        ("topk_group", 1),
+        ("first_k_dense_replace", 1),
+        ("routed_scaling_factor", 2.5),
+    ),
+)
+
 # One tiny model per architecture, each also exercising a feature of its family.
 TINY_SPECS = {
     "LlamaForCausalLM": TinyModelSpec("LlamaForCausalLM", rope_scaling=LLAMA3_ROPE, seed=1),
@@ -54,6 +81,12 @@ TINY_SPECS = {
     # sliding (window 8, local RoPE) and full (linear-scaled global RoPE) layers interleaved,
     # q/k norms, query_pre_attn_scalar, logits soft-capped
     "Gemma3ForCausalLM": TinyModelSpec("Gemma3ForCausalLM", **GEMMA3_OPTIONS, seed=8),
+    # multi-head latent attention (q through a low-rank q_a/q_b pair, interleaved rotary
+    # pairs, YaRN with its softmax mscale), layer 0 dense, then 8 experts in 2 groups
+    # (sigmoid, grouped choice, correction bias, scaling) with a shared expert
+    "DeepseekV3ForCausalLM": TinyModelSpec(
+        "DeepseekV3ForCausalLM", num_hidden_layers=3, num_experts=8, **DEEPSEEK_V3_OPTIONS, seed=10
+    ),
 }
 ARCHITECTURES = tuple(TINY_SPECS)
 

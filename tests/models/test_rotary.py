@@ -87,10 +87,11 @@ def test_both_config_formats_read_the_same():
     assert parse_rope_config({}) == RopeConfig("default", 10000.0)
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "yarn", "longrope"])
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
 def test_unsupported_scaling_types_are_refused(kind):
     with pytest.raises(
-        ConfigError, match=f"'{kind}' is not supported; supported types: default, linear, llama3"
+        ConfigError,
+        match=f"'{kind}' is not supported; supported types: default, linear, llama3, yarn",
     ):
         parse_rope_config({"rope_scaling": {"rope_type": kind, "factor": 2.0}})
 
@@ -118,3 +119,33 @@ def test_gemma3_reads_both_rope_formats():
     for hf in (v4, v5):
         assert gemma3_rope(hf, "full_attention") == RopeConfig("linear", 1e6, factor=8.0)
         assert gemma3_rope(hf, "sliding_attention") == RopeConfig("default", 10000.0)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(factor=4.0, original_max_position_embeddings=64, mscale=1.0, mscale_all_dim=1.0),
+        dict(factor=40.0, original_max_position_embeddings=4096, beta_fast=16, beta_slow=2),
+        dict(factor=8.0, original_max_position_embeddings=128, truncate=False),
+    ],
+    ids=["deepseek-tiny", "deepseek-v3-like", "untruncated"],
+)
+def test_yarn_matches_transformers(params):
+    """YaRN's inverse frequencies and cos/sin factor equal transformers' for the same config."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from octavo.models.layers.rotary import inverse_frequencies, parse_rope_config
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, **params}
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        head_dim=32,
+        rope_parameters=dict(rope),
+        max_position_embeddings=params["original_max_position_embeddings"] * 2,
+    )
+    want, want_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = parse_rope_config({"rope_parameters": rope})
+    torch.testing.assert_close(inverse_frequencies(ours, 32), want, rtol=1e-6, atol=0)
+    assert ours.cos_sin_factor == pytest.approx(want_factor)

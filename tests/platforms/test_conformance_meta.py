@@ -167,6 +167,27 @@ def octavo_fused_moe(platform, spec):
 """,
         "test_fused_moe",
     ),
+    "mla_attention": (
+        "test_mla_attention",
+        """
+from octavo.ops.reference_mla import ReferenceMLABackend
+from octavo.platform import hookimpl
+
+class LatentOnly(ReferenceMLABackend):
+    # Scores from the latent alone: the rotary key part (the positions) ignored.
+    def forward(self, query, kv_row, kv_cache, metadata):
+        latent = self.spec.kv_lora_rank
+        query, kv_row = query.clone(), kv_row.clone()
+        query[..., latent:] = 0
+        return super().forward(query, kv_row, kv_cache, metadata)
+
+@hookimpl(tryfirst=True)
+def octavo_mla_attention_backend(platform, spec):
+    if platform.name == "cpu":
+        return LatentOnly(spec)
+""",
+        "test_mla_attention_matches_dense_attention",
+    ),
     "rejection_sampler": (
         "test_rejection_sampler",
         ACCEPT_EVERY_DRAFT,

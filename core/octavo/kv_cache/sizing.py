@@ -119,12 +119,17 @@ def plan_kv_cache(
     dtype: torch.dtype,
     max_model_len: int,
     extra_block_bytes: int = 0,
+    layout_block_bytes: Optional[int] = None,
 ) -> KVCacheSizing:
     """Block size, device and host block counts for one model on one platform;
     ``extra_block_bytes`` are a draft model's KV bytes in each block (its caches share the
-    target's block ids)."""
+    target's block ids). ``layout_block_bytes``, where the caller has the attention backends'
+    layouts (a latent-attention model's one row per token), replaces the K-and-V-per-head
+    count of the model's own layers."""
     block_size = check_block_size(cache_config.block_size, capabilities.block_sizes)
-    block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+    block_bytes = layout_block_bytes
+    if block_bytes is None:
+        block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
     block_bytes += extra_block_bytes
     num_blocks = num_gpu_blocks(
         block_bytes=block_bytes,

@@ -31,7 +31,15 @@ def plan_runner_kv_cache(runner, cache_config: CacheConfig) -> KVCacheSizing:
         dtype=mc.dtype,
         max_model_len=mc.max_model_len,
         extra_block_bytes=_proposer_block_bytes(runner),
+        layout_block_bytes=runner.kv_cache_bytes_per_block(_target_layers(runner)),
     )
+
+
+def _target_layers(runner) -> list:
+    """The target model's attention layers (a draft model's are counted apart)."""
+    speculation = runner.speculation
+    drafts = set() if speculation is None else set(map(id, speculation.proposer.attention_layers))
+    return [layer for layer in runner.attention_layers if id(layer) not in drafts]
 
 
 def _proposer_block_bytes(runner) -> int:

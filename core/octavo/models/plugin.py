@@ -7,8 +7,10 @@ from octavo.platform import hookimpl
 
 @hookimpl
 def octavo_model_architectures():
-    """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs, and its Mixture-of-Experts
-    members Qwen3-MoE and Mixtral, Phi-3, and Gemma 3 (text)."""
+    """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs, its Mixture-of-Experts
+    members Qwen3-MoE and Mixtral, Phi-3, Gemma 3 (text) and DeepSeek-V3 (multi-head latent
+    attention)."""
+    from octavo.models.deepseek import DeepseekV3ForCausalLM
     from octavo.models.gemma3 import Gemma3ForCausalLM
     from octavo.models.llama import LlamaForCausalLM
     from octavo.models.mistral import MistralForCausalLM
@@ -26,4 +28,5 @@ def octavo_model_architectures():
         "MixtralForCausalLM": MixtralForCausalLM,
         "Phi3ForCausalLM": Phi3ForCausalLM,
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     }

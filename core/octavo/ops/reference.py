@@ -10,7 +10,11 @@ from typing import Optional
 
 import torch
 
-from octavo.ops.reference_moe import (  # noqa: F401 (the MoE oracle, kept in its own module)
+from octavo.ops.reference_mla import (  # noqa: F401 (the MLA oracle, in its own module)
+    ReferenceMLABackend,
+    mla_attention,
+)
+from octavo.ops.reference_moe import (  # noqa: F401 (the MoE oracle, in its own module)
     fused_moe,
     pack_fused_moe,
     select_experts,

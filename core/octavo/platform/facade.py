@@ -32,6 +32,8 @@ from octavo.platform.types import (
     LinearPacker,
     LoRAKernels,
     MemoryInfo,
+    MLAAttentionBackend,
+    MLASpec,
     MoESpec,
     PlatformInfo,
     QuantizedLinearPacker,
@@ -120,6 +122,12 @@ class Platform:
     def attention_backend(self, spec: AttentionSpec) -> AttentionBackend:
         result = self.pm.hook.octavo_attention_backend(platform=self.info, spec=spec)
         return self._require("octavo_attention_backend", result, "attention backend")
+
+    @functools.lru_cache(maxsize=None)
+    def mla_attention_backend(self, spec: MLASpec) -> MLAAttentionBackend:
+        """The platform's multi-head latent attention backend, or the reference's."""
+        result = self.pm.hook.octavo_mla_attention_backend(platform=self.info, spec=spec)
+        return result if result is not None else reference.ReferenceMLABackend(spec)
 
     @functools.lru_cache(maxsize=None)
     def rms_norm(self, hidden_size: int, eps: float, dtype: torch.dtype) -> RMSNormFn:

@@ -30,6 +30,8 @@ from octavo.platform.types import (
     LinearPacker,
     LoRAKernels,
     MemoryInfo,
+    MLAAttentionBackend,
+    MLASpec,
     MoESpec,
     PlatformInfo,
     QuantizedLinearPacker,
@@ -112,6 +114,20 @@ def octavo_attention_backend(
 
     Stops at the first non-None result (kernel packs use ``tryfirst`` to win). Called once per
     model at start-up.
+    """
+
+
+@hookspec(firstresult=True)
+def octavo_mla_attention_backend(
+    platform: PlatformInfo, spec: MLASpec
+) -> Optional[MLAAttentionBackend]:
+    """Return the paged multi-head latent attention backend (DeepSeek-V2/V3's MLA) for a
+    model's :class:`MLASpec`: one cache row per token (latent and rotary key), attention in the
+    latent space (:class:`~octavo.platform.types.MLAAttentionBackend` states the layout and the
+    rule; ``octavo.ops.reference.mla_attention`` is the oracle).
+
+    Optional: without it the core's reference backend serves. Stops at the first non-None
+    result. Called once per model at start-up.
     """
 
 

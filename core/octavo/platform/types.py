@@ -139,6 +139,60 @@ class AttentionBackend:
         dst_cache[tuple(dst_index)] = src_cache[tuple(src_index)].to(dst_cache.device)
 
 
+@dataclasses.dataclass(frozen=True)
+class MLASpec:
+    """One model's multi-head latent attention (DeepSeek-V2/V3), given to
+    ``octavo_mla_attention_backend``.
+
+    The KV cache holds one row per token: its compressed latent (``kv_lora_rank`` wide, after
+    the model's norm) then its rotary key part (``qk_rope_head_dim``), shared by every head.
+    Attention runs in the latent space (the queries already absorbed the key up-projection):
+    query row ``[num_heads, kv_lora_rank + qk_rope_head_dim]`` against each cached row; the
+    value of a cached token is its latent, so the output is ``[num_heads, kv_lora_rank]``.
+    """
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype: torch.dtype
+    block_size: int
+    scale: float
+
+    @property
+    def row_width(self) -> int:
+        """Elements per token and layer in the cache: the latent and the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+class MLAAttentionBackend(AttentionBackend):
+    """A platform's paged multi-head latent attention (``octavo_mla_attention_backend``).
+
+    Layout ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]`` (one row per token;
+    ``block_dim`` 0); the block copies and swaps of :class:`AttentionBackend` apply as they are.
+    The oracle is ``octavo.ops.reference.mla_attention``.
+    """
+
+    block_dim: int = 0
+
+    def __init__(self, spec: MLASpec):
+        self.spec = spec
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, self.spec.block_size, self.spec.row_width)
+
+    def forward(  # type: ignore[override]
+        self,
+        query: torch.Tensor,  # [T, num_heads, kv_lora_rank + qk_rope_head_dim]
+        kv_row: torch.Tensor,  # [T, kv_lora_rank + qk_rope_head_dim]
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, num_heads, kv_lora_rank]
+        """Write each new token's row through ``slot_mapping``, then attend causally through
+        ``block_table``: scores ``query . row * scale``, softmax in float32, the weighted sum
+        of the rows' latents; returned in ``query.dtype``."""
+        raise NotImplementedError
+
+
 @dataclasses.dataclass
 class SamplingMetadata:
     """Per-row sampling parameters for one step's logits ``[R, V]``, as tensors.

@@ -24,6 +24,7 @@ ARCHITECTURE_CONFIGS = {
     "MixtralForCausalLM": "MixtralConfig",
     "Phi3ForCausalLM": "Phi3Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",
+    "DeepseekV3ForCausalLM": "DeepseekV3Config",
 }
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, bos, eos
@@ -110,6 +111,13 @@ def _hf_config(spec: TinyModelSpec):
             num_experts_per_tok=spec.num_experts_per_tok,
             moe_intermediate_size=spec.moe_intermediate_size,
         )
+    elif spec.architecture == "DeepseekV3ForCausalLM":
+        kwargs.update(
+            n_routed_experts=spec.num_experts,
+            num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size,
+        )
+        kwargs.pop("head_dim")  # DeepSeek's is qk_rope_head_dim
     elif spec.architecture == "MixtralForCausalLM":
         kwargs.update(
             num_local_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok
@@ -122,13 +130,18 @@ def _hf_config(spec: TinyModelSpec):
 
 @torch.no_grad()
 def _randomize(model: torch.nn.Module, std: float, seed: int) -> None:
-    """Every weight ~ N(0, std); norm weights ~ 1 + N(0, std); biases ~ N(0, std)."""
+    """Every weight ~ N(0, std); norm weights ~ 1 + N(0, std); biases (and DeepSeek's router
+    score-correction bias) ~ N(0, std)."""
     generator = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
         if name.endswith("norm.weight"):
             noise += 1.0
         param.copy_(noise.to(param.dtype))
+    for name, buffer in model.named_buffers():  # DeepSeek's router bias is a buffer
+        if name.endswith("e_score_correction_bias"):
+            noise = torch.randn(buffer.shape, generator=generator, dtype=torch.float32) * std
+            buffer.copy_(noise.to(buffer.dtype))
 
 
 def _corpus(num_sentences: int = 400, seed: int = 0) -> list[str]:

@@ -68,10 +68,11 @@ def params_from_torch(model, interpret: bool) -> tuple[ModelShape, dict]:
     first = model.model.layers[0].self_attn
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not isinstance(mlp, LlamaMLP):
+        if not isinstance(mlp, LlamaMLP) or not hasattr(attn, "qkv_proj"):
             raise ConfigError(
                 f"the tpu platform's runner serves dense Llama-family models; "
-                f"{type(model).__name__} has {type(mlp).__name__} blocks (Mixture of Experts): "
+                f"{type(model).__name__} has {type(mlp).__name__} blocks and "
+                f"{type(attn).__name__} (Mixture of Experts or latent attention): "
                 "serve it on another platform (--device cpu, cuda or rocm)"
             )
         entry = {
