@@ -2,6 +2,7 @@
 
 python benchmarks/models.py small /tmp/small-llama      # ~100M parameters, bf16 weights
 python benchmarks/models.py tiny /tmp/tiny-llama        # ~5M parameters, fp32 weights
+python benchmarks/models.py moe /tmp/tiny-moe          # Qwen3-MoE, 16 experts (4 per token), fp32
 
 ``real`` is no random model: SmolLM2-135M-Instruct's bfloat16 folder, which
 ``benchmarks/real_model.py`` fetches and writes (once) to REAL_MODEL.
@@ -37,9 +38,31 @@ MODEL_SPECS = {
         vocab_size=32000,
         max_position_embeddings=2048,
     ),
+    # Qwen3-MoE at the tiny model's width: 16 experts of 256, 4 per token (a quarter of the
+    # expert weights read per token), every layer MoE
+    "moe": TinyModelSpec(
+        architecture="Qwen3MoeForCausalLM",
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        intermediate_size=768,
+        vocab_size=8192,
+        max_position_embeddings=2048,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=256,
+        extra_config=(("norm_topk_prob", True),),
+    ),
 }
-MODEL_DTYPES = {"tiny": torch.float32, "small": torch.bfloat16, "real": torch.bfloat16}
-SIZES = ("tiny", "small", "real")
+MODEL_DTYPES = {
+    "tiny": torch.float32,
+    "small": torch.bfloat16,
+    "moe": torch.float32,
+    "real": torch.bfloat16,
+}
+SIZES = ("tiny", "small", "moe", "real")
 REAL_MODEL = Path(__file__).resolve().parent / ".models" / "smollm2-135m-instruct" / "hf"
 
 
