@@ -37,6 +37,7 @@ SOURCES = [
     "csrc/draft_head.cpp",
     "csrc/quantized_gemm.cpp",
     "csrc/lora.cpp",
+    "csrc/fused_moe.cpp",
 ]
 
 

@@ -1,9 +1,9 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
 ``token_bitmask`` and ``rejection_sampler``, the batched multi-LoRA products (``lora_kernels``),
-and FP8 ``scaled_mm`` (the reference's), Llama
-decoder layers in one compiled call (``decoder_stack``), an EAGLE-family head's forward in two
-(``draft_head``), the forward that runs each step on the
+a Mixture-of-Experts layer's experts in one compiled call (``fused_moe``), and FP8
+``scaled_mm`` (the reference's), Llama decoder layers in one compiled call (``decoder_stack``),
+an EAGLE-family head's forward in two (``draft_head``), the forward that runs each step on the
 threads its size pays for (``graph_runner``), and the collectives of tensor parallelism
 (``communicator``: all-reduce through shared memory for ranks on one host, else gloo). This
 module only wires them."""
@@ -23,6 +23,7 @@ from octavo_cpu.attention import CpuAttentionBackend
 from octavo_cpu.compiled_graph import CompiledForward, compile_cache_dir
 from octavo_cpu.decoder_stack import make_decoder_stack
 from octavo_cpu.draft_head import describe_draft_weights, make_draft_head
+from octavo_cpu.fused_moe import make_fused_moe
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.lora import make_lora_kernels
@@ -164,6 +165,12 @@ def octavo_rms_norm(platform, hidden_size, eps, dtype):
 def octavo_lora_kernels(platform, dtype):
     if _mine(platform):
         return make_lora_kernels(dtype, load_kernels().ops)  # None: the reference serves
+
+
+@hookimpl
+def octavo_fused_moe(platform, spec):
+    if _mine(platform):
+        return make_fused_moe(spec, load_kernels().ops)  # None: the reference serves
 
 
 @hookimpl
