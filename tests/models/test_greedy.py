@@ -65,7 +65,8 @@ def test_bfloat16_first_16_greedy_tokens_match_transformers(arch, tiny_models, m
 
 
 def assert_bfloat16_greedy_matches(runner, path, oracle, max_tokens: int = 16) -> None:
-    """``runner``'s greedy tokens for PROMPTS equal transformers' in bfloat16, ties excepted."""
+    """``runner``'s greedy tokens for PROMPTS equal transformers' in bfloat16, ties excepted:
+    where transformers' two top tokens tie in bfloat16 either may follow."""
     steps = []
     runner.logits_processors.append(
         lambda logits, batch, rows, num_tokens: steps.append(logits.clone()) or logits
@@ -76,6 +77,9 @@ def assert_bfloat16_greedy_matches(runner, path, oracle, max_tokens: int = 16) -
         n = next((k for k in range(max_tokens) if ours[k] != expected[k]), None)
         if n is None:
             continue
-        assert bf16_tie(hf_logits[n], ours[n], expected[n]) and bf16_tie(
-            steps[n][i], ours[n], expected[n]
+        # transformers' bfloat16 at a tie: rounding decided its token. Ours must be at the same
+        # tie, or (more precise there, e.g. float32 inside attention) pick float32's token.
+        assert bf16_tie(hf_logits[n], ours[n], expected[n]) and (
+            bf16_tie(steps[n][i], ours[n], expected[n])
+            or oracle.greedy(path, prompt + ours[:n], 1) == [ours[n]]
         ), f"prompt {i} diverges from transformers at token {n} without a tie: {ours} != {expected}"

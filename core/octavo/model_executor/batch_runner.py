@@ -258,6 +258,7 @@ class BatchRunner:
             max_query_len=int(num_scheduled.max()),
             max_seq_len=int(seq_lens.max()),
             num_actual_tokens=total,
+            num_context_tokens=int(seq_lens.sum()),
         )
         return StepInputs(
             self.input_ids.to_device(total),

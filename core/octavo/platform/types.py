@@ -85,6 +85,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     num_actual_tokens: int = -1  # T without padding; -1 means all of query
+    num_context_tokens: int = -1  # the sum of seq_lens, from the host; -1 when not known
 
     @property
     def num_reqs(self) -> int:
@@ -192,6 +193,16 @@ class MLAAttentionBackend(AttentionBackend):
         of the rows' latents; returned in ``query.dtype``."""
         raise NotImplementedError
 
+    def write_rows(
+        self, kv_row: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Write each new token's row through ``slot_mapping`` without attending: the model's
+        expanded (prefill) form reads the rows back itself. The layout above is the contract,
+        so the default serves every backend that keeps it."""
+        from octavo.ops.reference_mla import write_mla_rows
+
+        write_mla_rows(kv_row, kv_cache, metadata.slot_mapping)
+
 
 @dataclasses.dataclass
 class SamplingMetadata:
@@ -298,11 +309,13 @@ class MoESpec:
     """One Mixture-of-Experts layer's routing and shape (``octavo_fused_moe``).
 
     Routing: ``scoring`` (``"softmax"`` or ``"sigmoid"``) of the router logits in float32; each
-    token's ``top_k`` experts by score, DeepSeek-V3's grouped choice when ``num_expert_groups``
-    > 1 (the experts in ``num_expert_groups`` equal groups, a group scored by the sum of its two
-    best experts, only the ``topk_groups`` best groups' experts eligible; with a correction bias
-    the choice reads ``score + bias``, the weights the plain scores); the chosen weights
-    renormalised to sum 1 when ``renormalize``, then times ``routed_scaling_factor``.
+    token's ``top_k`` experts by score, DeepSeek's grouped choice when ``num_expert_groups``
+    > 1 (the experts in ``num_expert_groups`` equal groups, a group scored by ``group_score``:
+    ``"top2_sum"``, the sum of its two best experts, DeepSeek-V3's; ``"max"``, its best
+    expert, DeepSeek-V2's ``group_limited_greedy``; only the ``topk_groups`` best groups'
+    experts eligible; with a correction bias the choice reads ``score + bias``, the weights the
+    plain scores); the chosen weights renormalised to sum 1 when ``renormalize``, then times
+    ``routed_scaling_factor``.
 
     Experts: ``num_experts`` of ``hidden_size -> intermediate_size`` (this rank's share of each
     expert's inner width under tensor parallelism) with activation ``activation`` (``"silu"``:
@@ -321,8 +334,10 @@ class MoESpec:
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
     activation: str = "silu"
+    group_score: str = "top2_sum"
 
     SCORINGS = ("softmax", "sigmoid")
+    GROUP_SCORES = ("top2_sum", "max")
     ACTIVATIONS = ("silu",)
 
     def __post_init__(self) -> None:
@@ -330,6 +345,10 @@ class MoESpec:
             raise ValueError(f"MoE scoring {self.scoring!r}: use one of {self.SCORINGS}")
         if self.activation not in self.ACTIVATIONS:
             raise ValueError(f"MoE activation {self.activation!r}: use one of {self.ACTIVATIONS}")
+        if self.group_score not in self.GROUP_SCORES:
+            raise ValueError(
+                f"MoE group_score {self.group_score!r}: use one of {self.GROUP_SCORES}"
+            )
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"MoE top_k {self.top_k} must be in 1..{self.num_experts}")
         if self.num_experts % self.num_expert_groups or not (

@@ -138,6 +138,7 @@ def chunk_metadata(
         max_query_len=int(counts.max()),
         max_seq_len=max_seq_len,
         num_actual_tokens=len(positions),
+        num_context_tokens=int(seq_lens.sum()),
     )
 
 
