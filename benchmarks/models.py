@@ -3,6 +3,7 @@
 python benchmarks/models.py small /tmp/small-llama      # ~100M parameters, bf16 weights
 python benchmarks/models.py tiny /tmp/tiny-llama        # ~5M parameters, fp32 weights
 python benchmarks/models.py moe /tmp/tiny-moe          # Qwen3-MoE, 16 experts (4 per token), fp32
+python benchmarks/models.py mla /tmp/tiny-mla          # DeepSeek-V3 latent attention, dense, bf16
 
 ``real`` is no random model: SmolLM2-135M-Instruct's bfloat16 folder, which
 ``benchmarks/real_model.py`` fetches and writes (once) to REAL_MODEL.
@@ -55,14 +56,38 @@ MODEL_SPECS = {
         moe_intermediate_size=256,
         extra_config=(("norm_topk_prob", True),),
     ),
+    # DeepSeek-V3's latent attention at its per-head widths (latent 512, rotary 64, nope 128,
+    # value 128) with 16 heads, every layer dense: decode cost is the attention's
+    "mla": TinyModelSpec(
+        architecture="DeepseekV3ForCausalLM",
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=1536,
+        vocab_size=8192,
+        max_position_embeddings=4096,
+        num_experts=8,
+        moe_intermediate_size=256,
+        extra_config=(
+            ("kv_lora_rank", 512),
+            ("q_lora_rank", 384),
+            ("qk_rope_head_dim", 64),
+            ("qk_nope_head_dim", 128),
+            ("v_head_dim", 128),
+            ("rope_interleave", True),
+            ("first_k_dense_replace", 4),
+        ),
+    ),
 }
 MODEL_DTYPES = {
     "tiny": torch.float32,
     "small": torch.bfloat16,
     "moe": torch.float32,
+    "mla": torch.bfloat16,
     "real": torch.bfloat16,
 }
-SIZES = ("tiny", "small", "moe", "real")
+SIZES = ("tiny", "small", "moe", "mla", "real")
 REAL_MODEL = Path(__file__).resolve().parent / ".models" / "smollm2-135m-instruct" / "hf"
 
 
