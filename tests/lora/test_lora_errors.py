@@ -130,3 +130,31 @@ def test_an_adapter_gone_after_its_check_fails_its_requests_alone(llm, adapters,
     (base_alone,) = llm.generate([PROMPT], GREEDY, use_tqdm=False)
     assert outputs["base"].outputs[0].token_ids == base_alone.outputs[0].token_ids
     assert_pool_clean(llm)
+
+
+@pytest.mark.parametrize(
+    "spec, what",
+    [
+        (TinyModelSpec("Qwen3MoeForCausalLM", num_experts=4), "Mixture-of-Experts"),
+        (
+            TinyModelSpec(
+                "DeepseekV3ForCausalLM",
+                extra_config=(
+                    ("kv_lora_rank", 16),
+                    ("qk_rope_head_dim", 8),
+                    ("qk_nope_head_dim", 8),
+                    ("v_head_dim", 8),
+                    ("first_k_dense_replace", 2),
+                    ("n_group", 1),
+                    ("topk_group", 1),
+                ),
+            ),
+            "multi-head latent attention",
+        ),
+    ],
+    ids=["moe", "mla"],
+)
+def test_models_whose_layers_lora_cannot_adapt_are_refused(spec, what, tmp_path):
+    folder = write_tiny_model(tmp_path / spec.architecture, spec)
+    with pytest.raises(ConfigError, match=f"--enable-lora: .*{spec.architecture} \\({what}\\)"):
+        LLM(str(folder), enable_lora=True, kv_cache_memory="8MiB")

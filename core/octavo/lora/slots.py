@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from octavo.errors import RequestError
+from octavo.errors import ConfigError, RequestError
 from octavo.lora.adapter import LoRAAdapter, load_adapter, module_shapes
 from octavo.lora.config import LoRAConfig
 from octavo.lora.layers import attach_lora
@@ -145,5 +145,22 @@ def lora_slots_for(runner, model: nn.Module) -> Optional[LoRASlots]:
     config = runner.config.lora_config
     if config is None:
         return None
+    refuse_unadaptable(model, runner.model_config.architecture)
     kernels = runner.platform.lora_kernels(runner.model_config.dtype)
     return LoRASlots(model, runner.model_config, config, kernels, runner.device)
+
+
+def refuse_unadaptable(model: nn.Module, architecture: str) -> None:
+    """``--enable-lora`` covers the dense Llama family's projections; Mixture-of-Experts
+    experts (stacked, not linear layers) and latent attention (its up-projection read as a
+    weight) would silently ignore an adapter's deltas, so those models are refused."""
+    from octavo.models.layers.fused_moe import FusedExperts
+    from octavo.models.layers.mla import MLAAttention
+
+    kinds = {"Mixture-of-Experts": FusedExperts, "multi-head latent attention": MLAAttention}
+    for what, cls in kinds.items():
+        if any(isinstance(m, cls) for m in model.modules()):
+            raise ConfigError(
+                f"--enable-lora: LoRA adapters on {architecture} ({what}) are not supported "
+                "yet; serve it without --enable-lora, or merge the adapter into the weights"
+            )
