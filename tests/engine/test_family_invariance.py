@@ -1,6 +1,6 @@
 """The model families beyond Llama's dense core through the engine (Mixture of Experts, Phi-3,
-Gemma 3, DeepSeek-V3's latent attention): greedy tokens equal transformers' on the same weights
-with chunked prefill and prefix caching, under both preemption modes, and split over two
+Gemma 3, DeepSeek-V2's and V3's latent attention): greedy tokens equal transformers' on the same
+weights with chunked prefill and prefix caching, under both preemption modes, and split over two
 tensor-parallel ranks (for MoE: each expert's inner width split, the partial sums reduced)."""
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ DEEPSEEK_V3 = dict(
     ),
 )
 
+DEEPSEEK_V2 = {  # V3's shapes without its router's settings (V2 has no rope_interleave)
+    **DEEPSEEK_V3,
+    "extra_config": tuple(
+        kv
+        for kv in DEEPSEEK_V3["extra_config"]
+        if kv[0] not in ("rope_interleave", "n_group", "topk_group")
+    ),
+}
+V2_GROUPED = (("topk_method", "group_limited_greedy"), ("n_group", 4), ("topk_group", 2))
+
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FAMILIES = {
@@ -70,6 +80,19 @@ FAMILIES = {
         "DeepseekV3ForCausalLM",
         **{**DEEPSEEK_V3, "extra_config": DEEPSEEK_V3["extra_config"] + (("q_lora_rank", None),)},
         seed=26,
+    ),
+    "deepseek-v2": TinyModelSpec(  # q_a/q_b, plain top-k (topk_method greedy)
+        "DeepseekV2ForCausalLM",
+        **{**DEEPSEEK_V2, "extra_config": DEEPSEEK_V2["extra_config"] + (("q_lora_rank", 48),)},
+        seed=27,
+    ),
+    "deepseek-v2-lite-grouped": TinyModelSpec(  # q_proj; 4 groups, the 2 of the best experts
+        "DeepseekV2ForCausalLM",
+        **{
+            **DEEPSEEK_V2,
+            "extra_config": DEEPSEEK_V2["extra_config"] + (("q_lora_rank", None),) + V2_GROUPED,
+        },
+        seed=28,
     ),
 }
 

@@ -60,6 +60,24 @@ DEEPSEEK_V3_OPTIONS = dict(
     ),
 )
 
+V3_ONLY = ("rope_interleave", "q_lora_rank", "n_group", "topk_group", "routed_scaling_factor")
+DEEPSEEK_V2_OPTIONS = dict(  # V3's shapes, V2-Lite's q_proj and V2's grouped routing
+    DEEPSEEK_V3_OPTIONS,
+    rope_scaling={  # distinct mscales: the cos/sin and the softmax factors both apply
+        **DEEPSEEK_V3_OPTIONS["rope_scaling"],
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+    },
+    extra_config=tuple(kv for kv in DEEPSEEK_V3_OPTIONS["extra_config"] if kv[0] not in V3_ONLY)
+    + (
+        ("q_lora_rank", None),
+        ("topk_method", "group_limited_greedy"),
+        ("n_group", 4),
+        ("topk_group", 2),
+        ("routed_scaling_factor", 2.0),
+    ),
+)
+
 # One tiny model per architecture, each also exercising a feature of its family.
 TINY_SPECS = {
     "LlamaForCausalLM": TinyModelSpec("LlamaForCausalLM", rope_scaling=LLAMA3_ROPE, seed=1),
@@ -86,6 +104,12 @@ TINY_SPECS = {
     # (sigmoid, grouped choice, correction bias, scaling) with a shared expert
     "DeepseekV3ForCausalLM": TinyModelSpec(
         "DeepseekV3ForCausalLM", num_hidden_layers=3, num_experts=8, **DEEPSEEK_V3_OPTIONS, seed=10
+    ),
+    # DeepSeek-V2-Lite's latent attention (a plain q_proj, rotary on interleaved pairs in
+    # float32, YaRN), layer 0 dense, then 8 experts in 4 groups (softmax, the 2 groups of the
+    # best single experts eligible, not renormalised, scaled) with a shared expert
+    "DeepseekV2ForCausalLM": TinyModelSpec(
+        "DeepseekV2ForCausalLM", num_hidden_layers=3, num_experts=8, **DEEPSEEK_V2_OPTIONS, seed=11
     ),
 }
 ARCHITECTURES = tuple(TINY_SPECS)

@@ -8,9 +8,9 @@ from octavo.platform import hookimpl
 @hookimpl
 def octavo_model_architectures():
     """The Llama family: Llama, Mistral, Qwen2 and Qwen3 causal LMs, its Mixture-of-Experts
-    members Qwen3-MoE and Mixtral, Phi-3, Gemma 3 (text) and DeepSeek-V3 (multi-head latent
-    attention)."""
-    from octavo.models.deepseek import DeepseekV3ForCausalLM
+    members Qwen3-MoE and Mixtral, Phi-3, Gemma 3 (text), DeepSeek-V2 and DeepSeek-V3 (multi-head
+    latent attention)."""
+    from octavo.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
     from octavo.models.gemma3 import Gemma3ForCausalLM
     from octavo.models.llama import LlamaForCausalLM
     from octavo.models.mistral import MistralForCausalLM
@@ -28,5 +28,6 @@ def octavo_model_architectures():
         "MixtralForCausalLM": MixtralForCausalLM,
         "Phi3ForCausalLM": Phi3ForCausalLM,
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
+        "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
         "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     }

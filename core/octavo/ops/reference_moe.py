@@ -29,15 +29,21 @@ def select_experts(
 
 
 def _mask_to_best_groups(choice: torch.Tensor, spec: MoESpec) -> torch.Tensor:
-    """``choice`` with every expert outside each token's ``topk_groups`` best groups at 0 (a
-    group's score: the sum of its two best experts' choice scores), as DeepSeek-V3 routes."""
+    """``choice`` with every expert outside each token's ``topk_groups`` best groups at -inf,
+    so that none of them is chosen even where the eligible ones' ``score + bias`` is negative.
+    A group's score (``spec.group_score``): the sum of its two best experts' choice scores, as
+    DeepSeek-V3 routes, or its best expert's, as DeepSeek-V2's ``group_limited_greedy`` does."""
     tokens = choice.shape[0]
     per_group = spec.num_experts // spec.num_expert_groups
     grouped = choice.view(tokens, spec.num_expert_groups, per_group)
-    group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)
+    if spec.group_score == "max":
+        group_scores = grouped.amax(dim=-1)
+    else:
+        group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)
     best = group_scores.topk(spec.topk_groups, dim=-1).indices
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-    return grouped.masked_fill(~keep.unsqueeze(-1), 0.0).view(tokens, spec.num_experts)
+    masked = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf"))
+    return masked.view(tokens, spec.num_experts)
 
 
 def fused_moe(

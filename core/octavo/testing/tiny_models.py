@@ -24,6 +24,7 @@ ARCHITECTURE_CONFIGS = {
     "MixtralForCausalLM": "MixtralConfig",
     "Phi3ForCausalLM": "Phi3Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",
+    "DeepseekV2ForCausalLM": "DeepseekV2Config",
     "DeepseekV3ForCausalLM": "DeepseekV3Config",
 }
 
@@ -111,7 +112,7 @@ def _hf_config(spec: TinyModelSpec):
             num_experts_per_tok=spec.num_experts_per_tok,
             moe_intermediate_size=spec.moe_intermediate_size,
         )
-    elif spec.architecture == "DeepseekV3ForCausalLM":
+    elif spec.architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
         kwargs.update(
             n_routed_experts=spec.num_experts,
             num_experts_per_tok=spec.num_experts_per_tok,

@@ -1,7 +1,7 @@
 """The platform's Mixture-of-Experts layer (``Platform.fused_moe``) against the reference: the
 routing (softmax or sigmoid scores, renormalised or not, DeepSeek-V3's grouped choice with a
-correction bias and a scaling factor) and the chosen experts' weighted sum. Optional for a
-platform: without its kernel the reference serves."""
+correction bias and a scaling factor, DeepSeek-V2's groups scored by their best expert) and the
+chosen experts' weighted sum. Optional for a platform: without its kernel the reference serves."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ ROUTINGS = {
         num_expert_groups=2,
         topk_groups=1,
         routed_scaling_factor=2.5,
+    ),
+    "grouped-max": dict(  # DeepSeek-V2's group_limited_greedy: a group scored by its best expert
+        scoring="softmax",
+        renormalize=False,
+        num_expert_groups=2,
+        topk_groups=1,
+        routed_scaling_factor=2.0,
+        group_score="max",
     ),
 }
 
@@ -88,9 +96,12 @@ def test_the_reference_is_a_per_token_sum():
             choice = scores if bias is None else scores + bias
             if spec.num_expert_groups > 1:
                 groups = choice.view(spec.num_expert_groups, -1)
-                best = groups.topk(2, dim=-1).values.sum(-1).argmax()
-                allowed = torch.zeros_like(groups).index_fill_(0, best, 1).view(-1)
-                choice = choice * allowed
+                if spec.group_score == "max":
+                    best = groups.max(dim=-1).values.argmax()
+                else:
+                    best = groups.topk(2, dim=-1).values.sum(-1).argmax()
+                allowed = torch.zeros_like(groups, dtype=torch.bool).index_fill_(0, best, True)
+                choice = choice.masked_fill(~allowed.view(-1), float("-inf"))
             chosen = choice.topk(spec.top_k).indices
             weights = scores[chosen] / (scores[chosen].sum() if spec.renormalize else 1)
             want = torch.zeros(x.shape[1])
