@@ -212,3 +212,12 @@ class TritonGpuPlugin:
             from octavo_triton.fused_moe import make_fused_moe
 
             return make_fused_moe(spec)
+
+    @hookimpl
+    def octavo_mla_attention_backend(self, platform, spec):
+        if self.mine(platform) and spec.dtype in DTYPES:
+            from octavo_triton.mla import make_mla_backend
+
+            backend = make_mla_backend(spec)
+            backend.name = f"{self.gpu.name}-triton-mla"
+            return backend
