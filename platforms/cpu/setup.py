@@ -38,6 +38,7 @@ SOURCES = [
     "csrc/quantized_gemm.cpp",
     "csrc/lora.cpp",
     "csrc/fused_moe.cpp",
+    "csrc/mla_attention.cpp",
 ]
 
 

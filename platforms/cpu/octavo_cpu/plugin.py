@@ -1,7 +1,8 @@
 """Hook implementations of the cpu platform: detection, capabilities, memory, and the kernels of
 ``attention``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``sampler``,
 ``token_bitmask`` and ``rejection_sampler``, the batched multi-LoRA products (``lora_kernels``),
-a Mixture-of-Experts layer's experts in one compiled call (``fused_moe``), and FP8
+a Mixture-of-Experts layer's experts in one compiled call (``fused_moe``), latent attention
+(``mla_attention_backend``), and FP8
 ``scaled_mm`` (the reference's), Llama decoder layers in one compiled call (``decoder_stack``),
 an EAGLE-family head's forward in two (``draft_head``), the forward that runs each step on the
 threads its size pays for (``graph_runner``), and the collectives of tensor parallelism
@@ -27,6 +28,7 @@ from octavo_cpu.fused_moe import make_fused_moe
 from octavo_cpu.gemm import describe_gemm, linear_packer
 from octavo_cpu.kernels import load_kernels
 from octavo_cpu.lora import make_lora_kernels
+from octavo_cpu.mla import make_mla_backend
 from octavo_cpu.quantized_gemm import quantized_packer
 from octavo_cpu.rejection_sampler import make_greedy_verify, rejection_sample
 from octavo_cpu.rms_norm import make_rms_norm
@@ -171,6 +173,12 @@ def octavo_lora_kernels(platform, dtype):
 def octavo_fused_moe(platform, spec):
     if _mine(platform):
         return make_fused_moe(spec, load_kernels().ops)  # None: the reference serves
+
+
+@hookimpl
+def octavo_mla_attention_backend(platform, spec):
+    if _mine(platform):
+        return make_mla_backend(spec, load_kernels().ops)  # None: the reference serves
 
 
 @hookimpl
